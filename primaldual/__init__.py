@@ -1,0 +1,44 @@
+"""primaldual: primal-dual attention for PyTorch.
+
+* Primal-Attention (Chen et al., NeurIPS 2023): self-attention as asymmetric kernel SVD.
+* The SVR framework (Nguyen et al., ICLR 2023): attention as a support vector expansion;
+  Attention-BN and Attention-SH.
+
+Quick use::
+
+    import torch, primaldual as pd
+    attn = pd.build_attention("softmax", dim=64, num_heads=4)
+    y = attn(torch.randn(2, 100, 64), mask=torch.ones(2, 100, dtype=torch.bool))
+"""
+
+from .attention import (
+    AttentionLayer,
+    Capabilities,
+    attention_options,
+    attention_table,
+    build_attention,
+    list_attentions,
+    register_attention,
+)
+from .aux_loss import AuxLossMixin, collect_aux_loss
+from .checks import set_input_checks
+from .encoder import Encoder, EncoderBlock, LearnedPositionalEncoding, SinusoidalPositionalEncoding
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AttentionLayer",
+    "AuxLossMixin",
+    "Capabilities",
+    "Encoder",
+    "EncoderBlock",
+    "LearnedPositionalEncoding",
+    "SinusoidalPositionalEncoding",
+    "attention_options",
+    "attention_table",
+    "build_attention",
+    "collect_aux_loss",
+    "list_attentions",
+    "register_attention",
+    "set_input_checks",
+]

@@ -1,0 +1,30 @@
+"""Attention layers ``(B, N, C) -> (B, N, C)`` and their registry.
+
+Importing this package registers every built-in mechanism.
+"""
+
+from . import linear, softmax, sparse  # noqa: F401  (registration side effects)
+from .base import AttentionLayer, QKVAttention
+from .registry import (
+    AttentionInfo,
+    Capabilities,
+    attention_class,
+    attention_options,
+    attention_table,
+    build_attention,
+    list_attentions,
+    register_attention,
+)
+
+__all__ = [
+    "AttentionInfo",
+    "AttentionLayer",
+    "Capabilities",
+    "QKVAttention",
+    "attention_class",
+    "attention_options",
+    "attention_table",
+    "build_attention",
+    "list_attentions",
+    "register_attention",
+]

@@ -1,0 +1,149 @@
+"""Name -> attention-layer registry with capability metadata.
+
+``build_attention("primal", dim=64, num_heads=2, s=20)`` is the single way configs, encoders and
+benchmarks create attentions, so every registered name goes through the same registry-wide tests.
+Unknown names and unknown options raise errors that list what is valid.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .base import AttentionLayer
+
+__all__ = [
+    "AttentionInfo",
+    "Capabilities",
+    "attention_class",
+    "attention_options",
+    "attention_table",
+    "build_attention",
+    "list_attentions",
+    "register_attention",
+]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a mechanism supports (checked by the registry-wide tests).
+
+    Attributes:
+        causal: can run with ``causal=True`` (no position sees a later one).
+        non_causal: can run with ``causal=False``.
+        mask: honours the ``(B, N)`` padding mask (True = real token).
+        weights: ``need_weights=True`` returns a ``(B, H, N, N)`` matrix.
+        aux_loss: contributes an auxiliary loss (see :mod:`primaldual.aux_loss`).
+        time: asymptotic time per layer call (N tokens, D width).
+        memory: asymptotic activation memory.
+        weights_meaning: what the returned weights are, for mechanisms without a softmax matrix.
+        equal_lengths: keys/values must have as many tokens as queries (true for all self-attention).
+    """
+
+    causal: bool = True
+    non_causal: bool = True
+    mask: bool = True
+    weights: bool = True
+    aux_loss: bool = False
+    time: str = "O(N^2 D)"
+    memory: str = "O(N^2)"
+    weights_meaning: str = "row-stochastic attention matrix"
+    equal_lengths: bool = True
+
+
+@dataclass(frozen=True)
+class AttentionInfo:
+    name: str
+    cls: type
+    capabilities: Capabilities
+    summary: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "summary": self.summary, **asdict(self.capabilities)}
+
+
+_REGISTRY: dict[str, AttentionInfo] = {}
+
+
+def register_attention(name: str, capabilities: Capabilities):
+    """Class decorator: register an :class:`AttentionLayer` subclass under ``name``."""
+
+    def deco(cls: type) -> type:
+        if name in _REGISTRY and _REGISTRY[name].cls is not cls:
+            raise ValueError(f"attention name {name!r} is already registered to {_REGISTRY[name].cls}")
+        doc = inspect.getdoc(cls) or ""
+        _REGISTRY[name] = AttentionInfo(name, cls, capabilities, doc.splitlines()[0] if doc else "")
+        cls.registry_name = name
+        cls.capabilities = capabilities
+        return cls
+
+    return deco
+
+
+def _info(name: str) -> AttentionInfo:
+    if not isinstance(name, str) or name not in _REGISTRY:
+        raise KeyError(f"unknown attention {name!r}; registered attentions: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
+
+
+def attention_class(name: str) -> type[AttentionLayer]:
+    return _info(name).cls
+
+
+def attention_options(name: str) -> dict[str, Any]:
+    """The constructor keyword options of ``name`` with their defaults (dim and num_heads excluded).
+
+    Options forwarded through ``**kwargs`` to base classes are collected along the MRO.
+    """
+    options: dict[str, Any] = {}
+    for klass in _info(name).cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters.values()
+        for p in params:
+            if p.name in ("self", "dim", "num_heads") or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+                continue
+            options.setdefault(p.name, None if p.default is inspect.Parameter.empty else p.default)
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return options
+
+
+def build_attention(name: str, dim: int, num_heads: int, **options: Any) -> AttentionLayer:
+    """Instantiate the attention registered as ``name`` for ``(B, N, dim)`` inputs.
+
+    Raises:
+        KeyError: unknown name (the message lists the registered ones).
+        TypeError: unknown option (the message lists the valid ones).
+    """
+    info = _info(name)
+    valid = attention_options(name)
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise TypeError(
+            f"unknown option(s) {unknown} for attention {name!r}; valid options: {', '.join(sorted(valid))}"
+        )
+    return info.cls(dim, num_heads, **options)
+
+
+def list_attentions() -> list[AttentionInfo]:
+    """All registered attentions, sorted by name."""
+    return [_REGISTRY[k] for k in sorted(_REGISTRY)]
+
+
+def attention_table() -> str:
+    """A plain-text table of the registry (name, capabilities, complexity)."""
+    rows = [("name", "causal", "mask", "weights", "aux loss", "time", "memory")]
+    for info in list_attentions():
+        c = info.capabilities
+        causal = "yes" if c.causal and c.non_causal else ("only" if c.causal else "no")
+        rows.append((info.name, causal, _yn(c.mask), _yn(c.weights), _yn(c.aux_loss), c.time, c.memory))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def _yn(flag: bool) -> str:
+    return "yes" if flag else "no"

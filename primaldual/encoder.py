@@ -1,0 +1,245 @@
+"""The shared backbone: transformer blocks whose attention is chosen per layer by registry name.
+
+``Encoder(dim=64, depth=2, num_heads=2, attention=["softmax", "primal"])`` is a Primal.+ stack;
+``attention="primal"`` makes every layer primal (PrimalFormer). Pre-LN (``norm_first=True``, LRA and
+ViT style) and post-LN (the UEA reference protocol) blocks, GELU feed-forward, dropout and drop-path.
+All tensors are ``(B, N, dim)``; the mask is ``(B, N)`` bool with True = real token.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .attention.registry import build_attention
+from .checks import check_mask, check_tokens
+
+__all__ = [
+    "DropPath",
+    "Encoder",
+    "EncoderBlock",
+    "FeedForward",
+    "LearnedPositionalEncoding",
+    "SinusoidalPositionalEncoding",
+]
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: drop the whole residual branch per sample with probability ``p`` (training only)."""
+
+    def __init__(self, p: float = 0.0) -> None:
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"drop_path must be in [0, 1), got {p}")
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.p == 0.0 or not self.training:
+            return x
+        keep = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(1.0 - self.p)
+        return x * keep / (1.0 - self.p)
+
+
+class FeedForward(nn.Module):
+    """Linear(dim -> hidden) -> GELU -> dropout -> Linear(hidden -> dim) -> dropout."""
+
+    def __init__(self, dim: int, hidden: int, dropout: float = 0.0, *, device=None, dtype=None) -> None:
+        super().__init__()
+        fk = {"device": device, "dtype": dtype}
+        self.net = nn.Sequential(
+            nn.Linear(dim, hidden, **fk),
+            nn.GELU(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, dim, **fk),
+            nn.Dropout(dropout),
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+class EncoderBlock(nn.Module):
+    """One transformer block with a registry attention.
+
+    Args:
+        dim: width. num_heads: heads.
+        attention: registry name (see :func:`primaldual.list_attentions`).
+        attention_options: mechanism options passed to :func:`primaldual.build_attention`.
+        ffn_dim: feed-forward hidden width (default ``4 * dim``).
+        dropout: dropout after attention and in the FFN. attn_drop: attention-weight dropout.
+        drop_path: stochastic-depth probability. norm_first: pre-LN if True, post-LN if False.
+        causal: causal attention.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        attention: str = "softmax",
+        attention_options: dict[str, Any] | None = None,
+        *,
+        ffn_dim: int | None = None,
+        dropout: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        norm_first: bool = True,
+        causal: bool = False,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        fk = {"device": device, "dtype": dtype}
+        opts = dict(attention_options or {})
+        opts.setdefault("causal", causal)
+        if attn_drop:
+            opts.setdefault("attn_drop", attn_drop)
+        self.attn = build_attention(attention, dim, num_heads, device=device, dtype=dtype, **opts)
+        self.attention_name = attention
+        self.norm1 = nn.LayerNorm(dim, **fk)
+        self.norm2 = nn.LayerNorm(dim, **fk)
+        self.ffn = FeedForward(dim, ffn_dim or 4 * dim, dropout, **fk)
+        self.drop = nn.Dropout(dropout)
+        self.drop_path = DropPath(drop_path)
+        self.norm_first = norm_first
+
+    def forward(
+        self, x: Tensor, mask: Tensor | None = None, *, need_weights: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor | None]:
+        """x ``(B, N, dim)``; mask ``(B, N)`` bool (True = real). Returns ``(B, N, dim)`` [and weights]."""
+        h = self.norm1(x) if self.norm_first else x
+        a = self.attn(h, mask, need_weights=need_weights)
+        a, w = a if need_weights else (a, None)
+        x = x + self.drop_path(self.drop(a))
+        if not self.norm_first:
+            x = self.norm1(x)
+        h = self.norm2(x) if self.norm_first else x
+        x = x + self.drop_path(self.ffn(h))
+        if not self.norm_first:
+            x = self.norm2(x)
+        return (x, w) if need_weights else x
+
+
+def _per_layer(value: Any, depth: int, name: str) -> list[Any]:
+    if isinstance(value, (list, tuple)):
+        if len(value) != depth:
+            raise ValueError(f"{name} has {len(value)} entries but depth is {depth}")
+        return list(value)
+    return [value] * depth
+
+
+class Encoder(nn.Module):
+    """A stack of :class:`EncoderBlock`; the attention is chosen per layer.
+
+    Args:
+        dim, depth, num_heads: width, number of blocks, heads.
+        attention: one registry name for all layers, or a list of ``depth`` names
+            (e.g. ``["softmax", "primal"]`` is Primal.+Trans.).
+        attention_options: one dict for all layers or a list of ``depth`` dicts (None entries allowed).
+        final_norm: LayerNorm after the stack (default: True for pre-LN, False for post-LN).
+        Other arguments as :class:`EncoderBlock`; ``drop_path`` rises linearly from 0 to the value.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        depth: int,
+        num_heads: int,
+        attention: str | Sequence[str] = "softmax",
+        attention_options: dict[str, Any] | Sequence[dict[str, Any] | None] | None = None,
+        *,
+        ffn_dim: int | None = None,
+        dropout: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        norm_first: bool = True,
+        final_norm: bool | None = None,
+        causal: bool = False,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"depth must be a positive int, got {depth!r}")
+        names = _per_layer(attention, depth, "attention")
+        options = _per_layer(attention_options, depth, "attention_options")
+        dpr = [drop_path * i / max(depth - 1, 1) for i in range(depth)]
+        self.dim = dim
+        self.blocks = nn.ModuleList(
+            EncoderBlock(
+                dim,
+                num_heads,
+                names[i],
+                options[i],
+                ffn_dim=ffn_dim,
+                dropout=dropout,
+                attn_drop=attn_drop,
+                drop_path=dpr[i],
+                norm_first=norm_first,
+                causal=causal,
+                device=device,
+                dtype=dtype,
+            )
+            for i in range(depth)
+        )
+        final_norm = norm_first if final_norm is None else final_norm
+        self.norm = nn.LayerNorm(dim, device=device, dtype=dtype) if final_norm else nn.Identity()
+
+    @property
+    def attention_names(self) -> list[str]:
+        return [b.attention_name for b in self.blocks]
+
+    def forward(
+        self, x: Tensor, mask: Tensor | None = None, *, need_weights: bool = False
+    ) -> Tensor | tuple[Tensor, list[Tensor | None]]:
+        """x ``(B, N, dim)``; mask ``(B, N)`` bool (True = real). Returns ``(B, N, dim)`` [and per-layer weights]."""
+        check_tokens(x, self.dim, "x")
+        mask = check_mask(mask, x.shape[0], x.shape[1], x.device, "mask")
+        weights: list[Tensor | None] = []
+        for block in self.blocks:
+            if need_weights:
+                x, w = block(x, mask, need_weights=True)
+                weights.append(w)
+            else:
+                x = block(x, mask)
+        x = self.norm(x)
+        return (x, weights) if need_weights else x
+
+
+class LearnedPositionalEncoding(nn.Module):
+    """Adds a learned ``(max_len, dim)`` table to ``(B, N, dim)`` inputs (N <= max_len)."""
+
+    def __init__(self, max_len: int, dim: int, *, init_std: float = 0.02, device=None, dtype=None) -> None:
+        super().__init__()
+        self.max_len = max_len
+        self.weight = nn.Parameter(torch.empty(max_len, dim, device=device, dtype=dtype))
+        nn.init.trunc_normal_(self.weight, std=init_std)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[1] > self.max_len:
+            raise ValueError(f"sequence length {x.shape[1]} exceeds the positional table's max_len {self.max_len}")
+        return x + self.weight[: x.shape[1]]
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """Adds the fixed sin/cos encoding of Vaswani et al. to ``(B, N, dim)`` inputs (any N)."""
+
+    def __init__(self, dim: int, base: float = 10000.0) -> None:
+        super().__init__()
+        if dim % 2:
+            raise ValueError(f"sinusoidal encoding needs an even dim, got {dim}")
+        self.dim, self.base = dim, base
+
+    def forward(self, x: Tensor) -> Tensor:
+        n = x.shape[1]
+        pos = torch.arange(n, device=x.device, dtype=torch.float32)[:, None]  # (N, 1)
+        freq = torch.exp(
+            torch.arange(0, self.dim, 2, device=x.device, dtype=torch.float32) * (-math.log(self.base) / self.dim)
+        )
+        pe = torch.zeros(n, self.dim, device=x.device)
+        pe[:, 0::2] = torch.sin(pos * freq)
+        pe[:, 1::2] = torch.cos(pos * freq)
+        return x + pe.to(x.dtype)

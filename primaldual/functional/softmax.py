@@ -1,0 +1,114 @@
+"""Softmax attention on ``(B, H, N, D)`` tensors: an SDPA fast path and an eager path with weights.
+
+Both paths share one masking rule: query i may attend key j iff ``key_mask[b, j]`` (True = real
+token), ``attn_mask[..., i, j]`` (True = may attend) and, when causal, ``j <= i``. A query with no
+admissible key outputs exactly zero (never NaN), which is what fully padded rows need.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..checks import check_qkv
+
+__all__ = ["allowed_mask", "softmax_attention"]
+
+
+def allowed_mask(
+    batch: int,
+    q_len: int,
+    k_len: int,
+    device: torch.device,
+    key_mask: Tensor | None = None,
+    attn_mask: Tensor | None = None,
+    causal: bool = False,
+) -> Tensor | None:
+    """Combine the masks into one broadcastable boolean ``(B|1, H|1, Nq|1, Nk)`` (None: all allowed).
+
+    Causal alignment: query i sees keys ``j <= i + (k_len - q_len)`` (the last query sees everything).
+    """
+    allowed: Tensor | None = None
+    if key_mask is not None:
+        allowed = key_mask[:, None, None, :]  # (B, 1, 1, Nk)
+    if attn_mask is not None:
+        if attn_mask.dtype != torch.bool or attn_mask.dim() != 4:
+            raise TypeError(
+                "attn_mask must be a 4-D torch.bool tensor broadcastable to (B, H, Nq, Nk), True = may attend; "
+                f"got dtype {attn_mask.dtype}, shape {tuple(attn_mask.shape)}"
+            )
+        allowed = attn_mask if allowed is None else allowed & attn_mask
+    if causal:
+        tri = torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)
+        allowed = tri[None, None] if allowed is None else allowed & tri
+    return allowed
+
+
+def softmax_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    key_mask: Tensor | None = None,
+    attn_mask: Tensor | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+    backend: str = "auto",
+) -> tuple[Tensor, Tensor | None]:
+    """Scaled dot-product attention with safe masking.
+
+    Args:
+        q: ``(B, H, Nq, D)``; k: ``(B, H, Nk, D)``; v: ``(B, H, Nk, Dv)``.
+        key_mask: ``(B, Nk)`` bool, True = real key.
+        attn_mask: bool broadcastable to ``(B, H, Nq, Nk)``, True = may attend.
+        causal: query i sees keys ``j <= i`` (ends aligned when lengths differ).
+        scale: logit scale, default ``1 / sqrt(D)``.
+        dropout_p: dropout on the weights (pass 0.0 in eval).
+        need_weights: also return the softmax weights ``(B, H, Nq, Nk)`` (before dropout).
+        backend: ``"sdpa"`` (PyTorch fused kernel), ``"eager"`` (explicit matrix), ``"auto"``:
+            eager when weights are needed, else SDPA.
+
+    Returns:
+        ``(out (B, H, Nq, Dv), weights or None)``.
+    """
+    key_mask = check_qkv(q, k, v, key_mask)
+    if backend not in ("auto", "sdpa", "eager"):
+        raise ValueError(f"backend must be 'auto', 'sdpa' or 'eager', got {backend!r}")
+    if need_weights and backend == "sdpa":
+        raise ValueError("backend='sdpa' cannot return weights; use backend='eager' or 'auto'")
+    B, _, Nq, D = q.shape
+    Nk = k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    use_sdpa = backend == "sdpa" or (backend == "auto" and not need_weights)
+    if use_sdpa and key_mask is None and attn_mask is None and (not causal or Nq == Nk):
+        # No padding: the fused kernel handles causality itself, no mask tensor is built.
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale), None
+
+    allowed = allowed_mask(B, Nq, Nk, q.device, key_mask, attn_mask, causal)
+    has_key = None
+    if allowed is not None and (key_mask is not None or attn_mask is not None or Nk < Nq):
+        has_key = allowed.any(-1, keepdim=True)  # (B|1, H|1, Nq, 1)
+        allowed = allowed | ~has_key  # keep empty rows finite; they are zeroed below
+
+    if not use_sdpa:
+        scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, Nq, Nk)
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+        weights = scores.softmax(-1)
+        if allowed is not None:
+            weights = weights.masked_fill(~allowed, 0.0)
+        if has_key is not None:
+            weights = weights * has_key
+        dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+        out = torch.matmul(dropped, v)
+        return out, (weights if need_weights else None)
+
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p, scale=scale)
+    if has_key is not None:
+        out = out * has_key
+    return out, None

@@ -1,0 +1,189 @@
+"""Registry-wide checks: every registered attention goes through the same tests.
+
+A mechanism gets extra option sets to test through ``VARIANTS`` (name -> list of option dicts);
+by default its registered defaults are tested.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import primaldual as pd
+from primaldual.aux_loss import collect_aux_loss
+from tests.conftest import rel_err
+
+DIM, HEADS, N = 12, 3, 13
+
+VARIANTS: dict[str, list[dict]] = {
+    "sparse": [{"window": 2}, {"window": 2, "stride": 3, "num_global": 2}],
+}
+
+
+def _cases():
+    for info in pd.list_attentions():
+        for opts in VARIANTS.get(info.name, [{}]):
+            for causal in (False, True):
+                if (causal and info.capabilities.causal) or (not causal and info.capabilities.non_causal):
+                    yield pytest.param(
+                        info.name, opts, causal, id=f"{info.name}-{opts}-{'causal' if causal else 'full'}"
+                    )
+
+
+CASES = list(_cases())
+
+
+def _build(name, opts, causal, dtype=torch.float64):
+    torch.manual_seed(0)
+    layer = pd.build_attention(name, DIM, HEADS, causal=causal, dtype=dtype, **opts)
+    return layer.eval()
+
+
+def _loss(layer, x, mask):
+    out = layer(x, mask)
+    aux = collect_aux_loss(layer)
+    return out.pow(2).sum() + (aux if aux is not None else 0.0), out
+
+
+def _mask(b: int, n: int) -> torch.Tensor:
+    m = torch.ones(b, n, dtype=torch.bool)
+    m[1, n - 4 :] = False
+    return m
+
+
+@pytest.mark.parametrize("name,opts,causal", CASES)
+def test_shapes_and_weights(name, opts, causal):
+    layer = _build(name, opts, causal)
+    x = torch.randn(2, N, DIM, dtype=torch.float64)
+    out = layer(x, _mask(2, N))
+    assert out.shape == x.shape
+    if layer.capabilities.weights:
+        out2, w = layer(x, _mask(2, N), need_weights=True)
+        assert torch.allclose(out, out2)
+        assert w.shape == (2, HEADS, N, N)
+    else:
+        with pytest.raises(ValueError):
+            layer(x, need_weights=True)
+
+
+@pytest.mark.parametrize("name,opts,causal", CASES)
+def test_padding_invariance_and_zero_grad(name, opts, causal):
+    layer = _build(name, opts, causal)
+    x = torch.randn(2, N, DIM, dtype=torch.float64)
+    mask = _mask(2, N)
+    _, out = _loss(layer, x, mask)
+    # append 5 padded tokens with arbitrary content: real positions must not change
+    xp = torch.cat([x, 100 * torch.randn(2, 5, DIM, dtype=torch.float64)], 1).requires_grad_(True)
+    mp = torch.cat([mask, torch.zeros(2, 5, dtype=torch.bool)], 1)
+    loss, outp = _loss(layer, xp, mp)
+    assert rel_err(outp[:, :N][mask], out[mask]) < 1e-10
+    assert (outp[~mp] == 0).all(), "outputs at padded positions must be zero"
+    loss.backward()
+    assert (xp.grad[~mp] == 0).all(), "padded inputs must get zero gradient"
+    assert xp.grad[mp].abs().sum() > 0
+
+
+@pytest.mark.parametrize("name,opts,causal", [c for c in CASES if c.values[2]])
+def test_causal_no_leak(name, opts, causal):
+    layer = _build(name, opts, causal)
+    x = torch.randn(2, N, DIM, dtype=torch.float64)
+    out = layer(x)
+    for t in (0, 5, N - 2):
+        y = x.clone()
+        y[:, t + 1 :] += torch.randn_like(y[:, t + 1 :])
+        assert torch.allclose(layer(y)[:, : t + 1], out[:, : t + 1], atol=1e-12, rtol=0), f"leak at t={t}"
+
+
+@pytest.mark.parametrize("name,opts,causal", CASES)
+def test_no_nan_fully_padded_and_zero_inputs(name, opts, causal):
+    layer = _build(name, opts, causal).train()
+    x = torch.randn(3, N, DIM, dtype=torch.float64)
+    x[2] = 0.0  # zero vectors everywhere in one sample
+    x.requires_grad_(True)
+    mask = torch.ones(3, N, dtype=torch.bool)
+    mask[0] = False  # one fully padded sample
+    loss, out = _loss(layer, x, mask)
+    assert torch.isfinite(out).all() and (out[0] == 0).all()
+    loss.backward()
+    assert torch.isfinite(x.grad).all()
+    for p in layer.parameters():
+        assert p.grad is None or torch.isfinite(p.grad).all()
+
+
+@pytest.mark.parametrize("name,opts,causal", CASES)
+def test_determinism_and_gradient_flow(name, opts, causal):
+    layer = _build(name, opts, causal)
+    x = torch.randn(2, N, DIM, dtype=torch.float64)
+    assert torch.equal(layer(x, _mask(2, N)), layer(x, _mask(2, N)))
+    loss, _ = _loss(layer, x, _mask(2, N))
+    loss.backward()
+    for pname, p in layer.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, f"no gradient reaches {pname}"
+
+
+@pytest.mark.parametrize("name,opts,causal", CASES)
+def test_float32_matches_float64(name, opts, causal):
+    layer64 = _build(name, opts, causal)
+    layer32 = copy.deepcopy(layer64).float()
+    x = torch.randn(2, N, DIM, dtype=torch.float64)
+    a = layer64(x, _mask(2, N))
+    b = layer32(x.float(), _mask(2, N))
+    assert rel_err(b, a) < 1e-4
+
+
+@pytest.mark.parametrize("name,opts,causal", CASES)
+def test_bad_inputs_raise_clear_errors(name, opts, causal):
+    layer = _build(name, opts, causal, dtype=torch.float32)
+    x = torch.randn(2, N, DIM)
+    with pytest.raises(ValueError, match=r"\(B, N, 12\)"):
+        layer(x[0])
+    with pytest.raises(ValueError, match="last dimension 12"):
+        layer(torch.randn(2, N, DIM + 1))
+    with pytest.raises(TypeError, match="torch.bool"):
+        layer(x, torch.ones(2, N))
+    with pytest.raises(ValueError, match="mask must have shape"):
+        layer(x, torch.ones(2, N + 1, dtype=torch.bool))
+    with pytest.raises(TypeError, match="floating"):
+        layer(torch.ones(2, N, DIM, dtype=torch.long))
+    y = x.clone()
+    y[0, 3, 1] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        layer(y)
+    y[0, 3, 1] = float("inf")
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        layer(y)
+
+
+@pytest.mark.parametrize("name", [i.name for i in pd.list_attentions()])
+def test_constructor_errors(name):
+    with pytest.raises(ValueError, match="divisible"):
+        pd.build_attention(name, 10, 3)
+    with pytest.raises(TypeError, match="valid options"):
+        pd.build_attention(name, 12, 3, not_an_option=1)
+
+
+def test_unknown_name_lists_registered():
+    with pytest.raises(KeyError, match="softmax"):
+        pd.build_attention("nope", 12, 3)
+
+
+def test_registry_listing_has_capabilities():
+    table = pd.attention_table()
+    for info in pd.list_attentions():
+        assert info.name in table
+        d = info.as_dict()
+        assert {"causal", "mask", "weights", "time", "memory"} <= set(d)
+    assert {"softmax", "linear", "sparse"} <= {i.name for i in pd.list_attentions()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,opts,causal", [c for c in CASES if not c.values[2]])
+def test_torch_compile_agrees(name, opts, causal):
+    layer = _build(name, opts, causal, dtype=torch.float32)
+    x = torch.randn(2, N, DIM)
+    mask = _mask(2, N)
+    eager = layer(x, mask)
+    compiled = torch.compile(layer, dynamic=False)
+    assert rel_err(compiled(x, mask), eager) < 1e-5
