@@ -27,9 +27,19 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
     return 0 if all(r["finite"] for r in rows) else 1
 
 
+# Modules that add subcommands: each defines ``register(subparsers)`` that adds its parsers and sets
+# ``func`` (taking the parsed namespace, returning an exit code). Imported lazily so that a missing
+# optional extra only breaks its own subcommand.
+SUBCOMMAND_MODULES: list[str] = []
+
+
 def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
     parser = argparse.ArgumentParser(prog="primaldual", description="Primal-dual attention for PyTorch.")
     sub = parser.add_subparsers(dest="command", required=True)
+    for mod in SUBCOMMAND_MODULES:
+        importlib.import_module(mod).register(sub)
     p = sub.add_parser("attentions", help="list registered attentions and their capabilities")
     p.set_defaults(func=_cmd_attentions)
     p = sub.add_parser("smoke", help="forward + backward through every registered attention, with timings")
