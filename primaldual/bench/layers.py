@@ -1,0 +1,384 @@
+"""Layer sweep: time and peak memory of every attention vs sequence length, one subprocess per case.
+
+Each case (mechanism, N, mode) runs in a fresh Python process so that its peak memory is its own:
+
+* CPU: the kernel's peak-RSS counter is reset (``/proc/self/clear_refs`` = 5) after the layer and input
+  are built, and the reported memory is ``VmHWM - VmRSS`` at that point, i.e. the activation peak of the
+  timed calls alone (weights, input and the interpreter excluded). Where the reset is unavailable the
+  process-lifetime ``ru_maxrss`` minus the baseline is reported and flagged.
+* CUDA: ``torch.cuda.reset_peak_memory_stats`` / ``max_memory_allocated`` minus the baseline.
+
+Time is the median of ``repeats`` calls after ``warmup`` calls (the device is synchronised before
+reading clocks). An allocation failure is recorded as ``"oom"`` and a case over its time budget as
+``"timeout"``, never a crash; once a mechanism fails at some N, larger N are recorded the same way
+without running. The worker caps its address space (``--mem-limit-gb``) so a quadratic mechanism cannot
+take the whole machine down.
+
+Hand-written rather than pytest-benchmark/torch.utils.benchmark because the per-case process isolation
+and peak-RSS accounting are the point, and neither library measures CPU activation memory.
+
+Output: a JSON file with machine, versions and settings plus one record per case, and a CSV beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import re
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["PEERS", "SweepConfig", "machine_info", "run_sweep"]
+
+# Peers from PyPI (the 'bench' extra): name -> (module, builder source) built in the worker.
+PEERS = ("performer", "nystrom")
+
+
+@dataclass
+class SweepConfig:
+    attentions: list[str]
+    lengths: list[int]
+    modes: list[str]
+    batch: int = 4
+    dim: int = 64
+    heads: int = 2
+    dtype: str = "float32"
+    device: str = "cpu"
+    repeats: int = 5
+    warmup: int = 2
+    timeout_s: float = 300.0
+    mem_limit_gb: float = 16.0
+    threads: int = 0
+    options: dict[str, dict[str, Any]] | None = None
+
+
+def machine_info(device: str = "cpu") -> dict[str, Any]:
+    """Machine, versions and git commit, stored with every result file."""
+    import torch
+
+    import primaldual
+
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            m = re.search(r"model name\s*:\s*(.*)", f.read())
+            cpu = m.group(1) if m else cpu
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    info = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "primaldual": primaldual.__version__,
+        "git_commit": commit,
+        "device": device,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    if device.startswith("cuda") and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+# ---------------------------------------------------------------------------------------------- worker
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        m = re.search(rf"{field}:\s+(\d+) kB", f.read())
+    return int(m.group(1)) if m else 0
+
+
+def _build_layer(name: str, dim: int, heads: int, opts: dict[str, Any], device, dtype):
+    """A ``(B, N, dim) -> (B, N, dim)`` module and whether it takes our mask convention."""
+    import torch
+
+    if name == "performer":
+        from performer_pytorch import SelfAttention
+
+        layer = SelfAttention(dim=dim, heads=heads, dim_head=dim // heads, causal=False, **opts)
+    elif name == "nystrom":
+        from nystrom_attention import NystromAttention
+
+        layer = NystromAttention(dim=dim, heads=heads, dim_head=dim // heads, **opts)
+    else:
+        from primaldual import build_attention
+
+        layer = build_attention(name, dim, heads, **opts)
+    return layer.to(device=device, dtype=dtype), isinstance(layer, torch.nn.Module)
+
+
+def _worker(case: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    if case["threads"]:
+        torch.set_num_threads(case["threads"])
+    device = torch.device(case["device"])
+    dtype = getattr(torch, case["dtype"])
+    torch.manual_seed(0)
+    layer, _ = _build_layer(case["attention"], case["dim"], case["heads"], case.get("options") or {}, device, dtype)
+    layer.train(case["mode"] == "fwd_bwd")
+    x = torch.randn(case["batch"], case["length"], case["dim"], device=device, dtype=dtype)
+    x.requires_grad_(case["mode"] == "fwd_bwd")
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def call():
+        if case["mode"] == "fwd":
+            with torch.no_grad():
+                layer(x)
+        else:
+            out = layer(x)
+            from primaldual.aux_loss import collect_aux_loss
+
+            aux = collect_aux_loss(layer) if isinstance(layer, torch.nn.Module) else None
+            loss = out.float().square().mean() + (aux if aux is not None else 0.0)
+            loss.backward()
+            x.grad = None
+            layer.zero_grad(set_to_none=True)
+
+    reset_ok = True
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            reset_ok = False
+        base = _status_kb("VmRSS") * 1024
+    times = []
+    for i in range(case["warmup"] + case["repeats"]):
+        sync()
+        t0 = time.perf_counter()
+        call()
+        sync()
+        if i >= case["warmup"]:
+            times.append(time.perf_counter() - t0)
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated() - base
+    elif reset_ok:
+        peak = _status_kb("VmHWM") * 1024 - base
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+    times.sort()
+    return {
+        "time_ms": 1e3 * times[len(times) // 2],
+        "time_min_ms": 1e3 * times[0],
+        "peak_mem_mb": max(peak, 0) / 2**20,
+        "mem_method": "cuda_max_allocated" if device.type == "cuda" else ("vmhwm_reset" if reset_ok else "ru_maxrss"),
+    }
+
+
+def _worker_main(case_json: str) -> None:
+    case = json.loads(case_json)
+    if case["device"] == "cpu" and case["mem_limit_gb"] > 0:
+        lim = int(case["mem_limit_gb"] * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
+    try:
+        res = {"status": "ok", **_worker(case)}
+    except (RuntimeError, MemoryError) as e:  # allocation failures surface as either
+        msg = str(e).lower()
+        if isinstance(e, MemoryError) or "memory" in msg or "alloc" in msg:
+            res = {"status": "oom", "error": str(e)[:200]}
+        else:
+            raise
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+# ---------------------------------------------------------------------------------------------- driver
+
+
+def run_case(case: dict[str, Any]) -> dict[str, Any]:
+    """Run one case in a fresh interpreter; returns the worker's record (status ok/oom/timeout/error)."""
+    cmd = [sys.executable, "-m", "primaldual.bench.layers", "--worker", json.dumps(case)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=case["timeout_s"])
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout"}
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    if proc.returncode in (-9, 137):
+        return {"status": "oom", "error": "killed (SIGKILL), most likely out of memory"}
+    return {"status": "error", "error": (proc.stderr or proc.stdout)[-500:]}
+
+
+def run_sweep(cfg: SweepConfig, out: Path, progress: bool = True) -> list[dict[str, Any]]:
+    """Run every case of ``cfg``; writes ``out`` (JSON) and ``out.with_suffix('.csv')``; returns the records."""
+    records: list[dict[str, Any]] = []
+    failed: set[tuple[str, str]] = set()
+    cases = [(a, m, n) for a in cfg.attentions for m in cfg.modes for n in sorted(cfg.lengths)]
+    try:
+        from tqdm import tqdm
+
+        it = tqdm(cases, desc="bench layers", disable=not progress)
+    except ImportError:
+        it = cases
+    for attn, mode, n in it:
+        case = {
+            **asdict(cfg),
+            "attention": attn,
+            "mode": mode,
+            "length": n,
+            "options": (cfg.options or {}).get(attn, {}),
+        }
+        for k in ("attentions", "lengths", "modes"):
+            case.pop(k)
+        if (attn, mode) in failed:
+            res = {"status": "skipped", "error": "failed at a smaller N"}
+        else:
+            res = run_case(case)
+            if res["status"] != "ok":
+                failed.add((attn, mode))
+        rec = {"attention": attn, "mode": mode, "length": n, "batch": cfg.batch, "dim": cfg.dim, "heads": cfg.heads}
+        rec.update({"dtype": cfg.dtype, "device": cfg.device, "options": case["options"], **res})
+        records.append(rec)
+        if hasattr(it, "set_postfix"):
+            it.set_postfix_str(f"{attn} {mode} N={n}: {res.get('time_ms', res['status'])}")
+        _write(out, cfg, records)
+    return records
+
+
+def _write(out: Path, cfg: SweepConfig, records: list[dict[str, Any]]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"kind": "layers", "machine": machine_info(cfg.device), "settings": asdict(cfg), "records": records}
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=1))
+    os.replace(tmp, out)  # atomic: a killed sweep never leaves a truncated file
+    fields = ["attention", "mode", "length", "batch", "dim", "heads", "dtype", "device", "status", "time_ms"]
+    fields += ["time_min_ms", "peak_mem_mb", "mem_method"]
+    tmp = out.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(records)
+    os.replace(tmp, out.with_suffix(".csv"))
+
+
+def fit_slope(lengths: list[float], values: list[float]) -> float | None:
+    """Least-squares slope of log(value) on log(N) (None with fewer than 2 points)."""
+    import numpy as np
+
+    pts = [(n, v) for n, v in zip(lengths, values) if v and v > 0]
+    if len(pts) < 2:
+        return None
+    x = np.log([p[0] for p in pts])
+    y = np.log([p[1] for p in pts])
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def summary_table(records: list[dict[str, Any]], min_length: int = 4096) -> str:
+    """Markdown table: per mechanism and mode, time/memory at each N and the fitted slopes from ``min_length``."""
+    lengths = sorted({r["length"] for r in records})
+    keys = sorted({(r["attention"], r["mode"]) for r in records})
+    head = "| attention | mode | " + " | ".join(f"N={n}" for n in lengths) + " | time slope | mem slope |"
+    lines = [head, "|" + "---|" * (len(lengths) + 4)]
+    for a, m in keys:
+        rs = {r["length"]: r for r in records if r["attention"] == a and r["mode"] == m}
+        cells = []
+        for n in lengths:
+            r = rs.get(n)
+            if r is None:
+                cells.append("")
+            elif r["status"] == "ok":
+                cells.append(f"{r['time_ms']:.1f} ms / {r['peak_mem_mb']:.0f} MB")
+            else:
+                cells.append(r["status"])
+        ok = [rs[n] for n in lengths if n in rs and rs[n]["status"] == "ok" and n >= min_length]
+        ts = fit_slope([r["length"] for r in ok], [r["time_ms"] for r in ok])
+        ms = fit_slope([r["length"] for r in ok], [r["peak_mem_mb"] for r in ok])
+        fmt = lambda s: "" if s is None else f"{s:.2f}"  # noqa: E731
+        lines.append(f"| {a} | {m} | " + " | ".join(cells) + f" | {fmt(ts)} | {fmt(ms)} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="primaldual bench layers", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    return run_from_args(parser.parse_args(argv))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--attentions", default="all", help="comma list of registry names and peers, or 'all'")
+    p.add_argument("--peers", action="store_true", help="also run performer and nystrom (the 'bench' extra)")
+    p.add_argument("--lengths", default="256,1024,4096,16384,65536", help="comma list of N")
+    p.add_argument("--modes", default="fwd,fwd_bwd")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per case")
+    p.add_argument("--mem-limit-gb", type=float, default=16.0, help="address-space cap per CPU case")
+    p.add_argument("--threads", type=int, default=0, help="torch threads per case (0 = default)")
+    p.add_argument("--options", default="{}", help='JSON per-attention options, e.g. {"primal": {"s": 20}}')
+    p.add_argument("--out", default="runs/bench/layers.json")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    if args.worker is not None:
+        _worker_main(args.worker)
+        return 0
+    from primaldual import list_attentions
+
+    names = [i.name for i in list_attentions() if i.capabilities.non_causal]
+    attns = names if args.attentions == "all" else [a.strip() for a in args.attentions.split(",") if a.strip()]
+    if args.peers:
+        attns += [p for p in PEERS if p not in attns]
+    unknown = [a for a in attns if a not in names and a not in PEERS]
+    if unknown:
+        raise SystemExit(f"unknown attention(s) {unknown}; choose from {names + list(PEERS)}")
+    cfg = SweepConfig(
+        attentions=attns,
+        lengths=[int(v) for v in args.lengths.split(",")],
+        modes=[m.strip() for m in args.modes.split(",")],
+        batch=args.batch,
+        dim=args.dim,
+        heads=args.heads,
+        dtype=args.dtype,
+        device=args.device,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        timeout_s=args.timeout,
+        mem_limit_gb=args.mem_limit_gb,
+        threads=args.threads,
+        options=json.loads(args.options),
+    )
+    bad = [m for m in cfg.modes if m not in ("fwd", "fwd_bwd")]
+    if bad:
+        raise SystemExit(f"--modes takes fwd and/or fwd_bwd, got {bad}")
+    out = Path(args.out)
+    records = run_sweep(cfg, out)
+    print(summary_table(records))
+    print(f"\nwrote {out} and {out.with_suffix('.csv')}")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--worker":
+        _worker_main(sys.argv[2])
+    else:
+        sys.exit(main())

@@ -1,0 +1,51 @@
+"""The layer sweep runs end to end on a tiny case and the plot command draws from its file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from primaldual.bench.layers import SweepConfig, fit_slope, run_sweep, summary_table
+
+
+def test_sweep_writes_json_and_csv(tmp_path):
+    cfg = SweepConfig(attentions=["softmax", "linear"], lengths=[32, 64], modes=["fwd", "fwd_bwd"], repeats=1, warmup=0)
+    out = tmp_path / "layers.json"
+    records = run_sweep(cfg, out, progress=False)
+    assert len(records) == 8 and all(r["status"] == "ok" for r in records), records
+    data = json.loads(out.read_text())
+    assert data["machine"]["torch"] and data["settings"]["batch"] == 4
+    assert out.with_suffix(".csv").read_text().count("\n") == 9
+    assert all(r["time_ms"] > 0 and r["peak_mem_mb"] >= 0 for r in records)
+    assert "softmax" in summary_table(records, min_length=32)
+
+
+def test_oom_is_recorded_not_raised(tmp_path):
+    cfg = SweepConfig(
+        attentions=["softmax"],
+        lengths=[4096, 8192],
+        modes=["fwd"],
+        repeats=1,
+        warmup=0,
+        batch=64,
+        mem_limit_gb=1.5,
+        options={"softmax": {"backend": "eager"}},
+    )
+    records = run_sweep(cfg, tmp_path / "oom.json", progress=False)
+    assert records[0]["status"] == "oom" and records[1]["status"] == "skipped"
+
+
+def test_fit_slope():
+    assert abs(fit_slope([1, 2, 4, 8], [3, 6, 12, 24]) - 1.0) < 1e-9
+    assert fit_slope([1], [1]) is None
+
+
+def test_plot_from_file(tmp_path):
+    pytest.importorskip("matplotlib")
+    from primaldual.bench.plot import plot_layers
+
+    cfg = SweepConfig(attentions=["linear"], lengths=[32, 64], modes=["fwd", "fwd_bwd"], repeats=1, warmup=0)
+    run_sweep(cfg, tmp_path / "l.json", progress=False)
+    paths = plot_layers(tmp_path / "l.json", min_length=32)
+    assert all(p.exists() and p.stat().st_size > 1000 for p in paths)
