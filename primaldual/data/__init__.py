@@ -1,1 +1,31 @@
-"""Datasets: readers, generators and fetchers (UEA time series, Long-Range Arena tasks, images, text)."""
+"""Datasets: readers, generators and fetchers (UEA time series, Long-Range Arena tasks, images, text).
+
+Only the UEA reader is re-exported here; the other dataset modules are imported by their full path
+(``primaldual.data.listops`` ...) so that importing this package stays cheap.
+"""
+
+from .uea import (
+    UEA_DATASETS,
+    ChannelNormalizer,
+    TSDataset,
+    TSFormatError,
+    find_uea_files,
+    load_uea,
+    pad_series,
+    read_ts,
+    stratified_split,
+    uea_cache_dir,
+)
+
+__all__ = [
+    "UEA_DATASETS",
+    "ChannelNormalizer",
+    "TSDataset",
+    "TSFormatError",
+    "find_uea_files",
+    "load_uea",
+    "pad_series",
+    "read_ts",
+    "stratified_split",
+    "uea_cache_dir",
+]

@@ -1,0 +1,21 @@
+"""Task models on the shared :class:`~primaldual.Encoder`; each takes the attention per layer by registry name.
+
+PrimalFormer (every layer ``"primal"``) and Primal.+X (last layer ``"primal"``) are configurations of these
+models, not separate classes. Auxiliary losses (KSVD) are stored by the layers during forward and added to the
+task loss by the training module via :func:`primaldual.collect_aux_loss`.
+"""
+
+from .pooling import masked_mean
+from .retrieval import RetrievalClassifier
+from .sequence import SequenceClassifier, SequenceEncoder
+from .timeseries import TimeSeriesClassifier
+from .vit import VisionClassifier
+
+__all__ = [
+    "RetrievalClassifier",
+    "SequenceClassifier",
+    "SequenceEncoder",
+    "TimeSeriesClassifier",
+    "VisionClassifier",
+    "masked_mean",
+]
