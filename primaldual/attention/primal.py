@@ -1,0 +1,260 @@
+"""Primal-Attention layer (Chen et al., NeurIPS 2023): self-attention as asymmetric kernel SVD, in the primal.
+
+Per head h (p = head width, s = low rank), for the layer input X ``(B, N, C)``::
+
+    Q, K       = X W_q + b_q, X W_k + b_k                 (no value projection, no softmax)
+    phi_q, phi_k = row-wise L2 normalisation of Q and K   (zero vector -> 0)
+    W_{e|X,h}  = f_h(X)^T W_{e,h},  W_{r|X,h} = f_h(X)^T W_{r,h}
+                 f_h(X): n evenly spaced tokens of X, channels h*p ... h*p+p-1  -> (n, p)
+    e = phi_q W_{e|X},  r = phi_k W_{r|X}                 (B, H, N, s) each
+    out = Linear_out( merge_heads( Linear(2s -> p)([e; r]) ) )   (the 2s -> p Linear is shared by all heads)
+
+and the layer stores its KSVD term (see :func:`primaldual.functional.primal.ksvd_loss`) for
+:func:`primaldual.collect_aux_loss`, which returns ``eta * mean over primal layers of the term``.
+
+**Causal** (``causal=True``): W_e, W_r are plain ``(H, p, s)`` parameters and q, k are replaced by their
+prefix means before the feature map, so position i sees positions <= i only. :meth:`PrimalAttention.step`
+decodes one token at a time from a constant-size state (running sums of q and k and a count).
+
+**Padding** (``padding``):
+
+* ``"exact"`` (default): the n tokens are sampled among each sequence's real tokens, padded tokens are
+  left out of the KSVD means (and, causal, of the prefix means), padded outputs are zero. Outputs at real
+  tokens then do not depend on how much padding a batch carries, which is what a mask promises.
+* ``"reference"``: the reference code's behaviour: positions are sampled over the padded length (padding
+  tokens enter W_{e|X}), the KSVD means run over every token; only the output is masked. For comparison
+  with the published code. Without padding both modes are identical.
+
+``need_weights=True`` returns the implicit asymmetric kernel ``phi_q(Q) phi_k(K)^T`` per head
+``(B, H, N, N)`` (causal: of the prefix-mean features, lower triangle), the matrix whose SVD the KSVD
+objective is about. It is not a mixing matrix: the output is not ``weights @ v``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from ..aux_loss import AuxLossMixin
+from ..checks import check_mask
+from ..functional.primal import (
+    KSVD_REDUCTIONS,
+    PADDING_MODES,
+    causal_prefix_mean,
+    cosine_feature_map,
+    data_dependent_weights,
+    ksvd_loss,
+    primal_kernel,
+    primal_scores,
+    sample_tokens,
+)
+from .base import AttentionLayer
+from .registry import Capabilities, register_attention
+
+__all__ = ["PrimalAttention", "PrimalState"]
+
+
+class PrimalState(NamedTuple):
+    """Incremental-decoding state of a causal primal layer (constant size in the sequence length).
+
+    Attributes:
+        sum_q: ``(B, H, p)`` running sum of the real tokens' queries.
+        sum_k: ``(B, H, p)`` running sum of the real tokens' keys.
+        count: ``(B,)`` number of real tokens seen.
+    """
+
+    sum_q: Tensor
+    sum_k: Tensor
+    count: Tensor
+
+
+@register_attention(
+    "primal",
+    Capabilities(
+        time="O(N p s)",
+        memory="O(N s)",
+        aux_loss=True,
+        weights_meaning="implicit asymmetric kernel phi_q(Q) phi_k(K)^T per head (not row-stochastic)",
+    ),
+)
+class PrimalAttention(AttentionLayer, AuxLossMixin):
+    """Primal-Attention: KSVD projection scores [e; r] instead of a softmax attention matrix.
+
+    Args:
+        dim: model width C. num_heads: heads H.
+        s: low rank (number of projection directions per head).
+        rank_multi: n = s * rank_multi sampled tokens (unless ``n`` is given).
+        n: explicit number of sampled tokens (overrides ``s * rank_multi`` and ``max_len``).
+        max_len: longest sequence the layer will see; n = min(max_len, s * rank_multi) (the time-series
+            code's rule). Longer inputs still work (sampling is by fraction of the length).
+        eta: weight of this layer's KSVD term in :func:`primaldual.collect_aux_loss`.
+        data_dependent: W_{e|X} = f(X)^T W_e with W_e ``(H, n, s)`` (default for non-causal); False: W_e,
+            W_r are ``(H, head_dim, s)`` parameters (always so for causal).
+        padding: ``"exact"`` (default) or ``"reference"``; see the module docstring.
+        ksvd_reduction: ``"global"`` (LRA / vision code: one mean, squared) or ``"sample"`` (time-series
+            code: J per sample, squared, averaged over the batch).
+        eps: zero-norm guard of the feature map.
+        Remaining arguments as :class:`~primaldual.attention.base.AttentionLayer`; ``qkv_bias`` is the
+        bias of the Q/K projection; ``attn_drop`` must be 0 (there is no attention matrix).
+    """
+
+    aux_loss_group = "ksvd"
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        s: int = 20,
+        rank_multi: int = 10,
+        n: int | None = None,
+        max_len: int | None = None,
+        eta: float = 0.1,
+        data_dependent: bool | None = None,
+        padding: str = "exact",
+        ksvd_reduction: str = "global",
+        eps: float = 1e-12,
+        **kw,
+    ) -> None:
+        if kw.get("attn_drop", 0.0):
+            raise ValueError("attn_drop must be 0 for primal attention (no attention matrix is formed)")
+        super().__init__(dim, num_heads, **kw)
+        for name, v in (("s", s), ("rank_multi", rank_multi)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        for name, v in (("n", n), ("max_len", max_len)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise ValueError(f"{name} must be a positive int or None, got {v!r}")
+        if padding not in PADDING_MODES:
+            raise ValueError(f"padding must be one of {PADDING_MODES}, got {padding!r}")
+        if ksvd_reduction not in KSVD_REDUCTIONS:
+            raise ValueError(f"ksvd_reduction must be one of {KSVD_REDUCTIONS}, got {ksvd_reduction!r}")
+        if float(eta) < 0:
+            raise ValueError(f"eta must be >= 0, got {eta!r}")
+        if data_dependent is None:
+            data_dependent = not self.causal
+        if data_dependent and self.causal:
+            raise ValueError(
+                "data_dependent=True is not causal (it samples tokens from the whole sequence); "
+                "causal primal attention uses data-independent W_e, W_r"
+            )
+        if data_dependent and self.inner_dim != dim:
+            raise ValueError(
+                f"data_dependent=True splits the layer input's {dim} channels into {num_heads} heads of "
+                f"head_dim={self.head_dim}, so num_heads * head_dim must equal dim; got {self.inner_dim}"
+            )
+        self.s = s
+        self.data_dependent = bool(data_dependent)
+        self.n = (n if n is not None else min(max_len or s * rank_multi, s * rank_multi)) if data_dependent else None
+        self.padding = padding
+        self.ksvd_reduction = ksvd_reduction
+        self.aux_loss_weight = float(eta)
+        self.eps = float(eps)
+        fk = {"device": kw.get("device"), "dtype": kw.get("dtype")}
+        H, p = num_heads, self.head_dim
+        self.qk = nn.Linear(dim, 2 * self.inner_dim, bias=self.qkv_bias, **fk)
+        rows = self.n if data_dependent else p
+        self.w_e = nn.Parameter(torch.empty(H, rows, s, **fk))
+        self.w_r = nn.Parameter(torch.empty(H, rows, s, **fk))
+        self.lam = nn.Parameter(torch.empty(H, s, **fk))
+        self.concat = nn.Linear(2 * s, p, **fk)
+        self.proj = nn.Linear(self.inner_dim, dim, **fk)
+        self.reset_primal_parameters()
+
+    @property
+    def padding_invariant(self) -> bool:
+        """Whether outputs at real tokens ignore appended padding (False for the reference padding mode)."""
+        return self.padding == "exact"
+
+    def reset_primal_parameters(self) -> None:
+        """The reference initialisation: W_e, W_r orthogonal over the whole tensor; Lambda uniform [0, 1)."""
+        nn.init.orthogonal_(self.w_e)
+        nn.init.orthogonal_(self.w_r)
+        nn.init.uniform_(self.lam)
+
+    # ----------------------------------------------------------------------------------------------
+    def _features(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        """``(B, N, C) -> (B, N, 2, H, p)``: phi of (prefix-mean, if causal) queries and keys."""
+        B, N, _ = x.shape
+        qk = self.qk(x).view(B, N, 2, self.num_heads, self.head_dim)  # (B, N, 2, H, p)
+        if self.causal:
+            qk = causal_prefix_mean(qk, mask if self.padding == "exact" else None)
+        return cosine_feature_map(qk, self.eps)
+
+    def _weights(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+        """W_e, W_r as used by the scores: ``(B, H, p, s)`` data-dependent or ``(H, p, s)``."""
+        if not self.data_dependent:
+            return self.w_e, self.w_r
+        samples = sample_tokens(x, self.n, mask, self.padding)  # (B, n, C)
+        return data_dependent_weights(samples, self.w_e), data_dependent_weights(samples, self.w_r)
+
+    def _forward(self, x: Tensor, mask: Tensor | None, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        B, N, _ = x.shape
+        phi = self._features(x, mask)  # (B, N, 2, H, p)
+        phi_q, phi_k = phi.permute(2, 0, 3, 1, 4).unbind(0)  # 2 x (B, H, N, p) views
+        w_e, w_r = self._weights(x, mask)
+        scores = primal_scores(phi_q, phi_k, w_e, w_r)  # (B, H, N, 2s)
+        loss_mask = mask if self.padding == "exact" else None
+        e, r = scores[..., : self.s], scores[..., self.s :]  # (B, H, N, s) each
+        self.set_aux_loss(ksvd_loss(e, r, self.w_e, self.w_r, self.lam, loss_mask, self.ksvd_reduction))
+        out = self.concat(scores.transpose(1, 2))  # (B, N, H, p)
+        out = self.proj(out.reshape(B, N, self.inner_dim))  # (B, N, H*p) -> (B, N, C)
+        weights = primal_kernel(phi_q, phi_k, mask, self.causal) if need_weights else None
+        return self.proj_drop(out), weights
+
+    # ----------------------------------------------------------------------------------------------
+    def init_state(
+        self, batch: int, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> PrimalState:
+        """An empty decoding state for ``batch`` sequences (causal layers only)."""
+        if not self.causal:
+            raise RuntimeError("incremental decoding needs a causal primal layer (causal=True)")
+        ref = self.qk.weight
+        fk = {"device": device or ref.device, "dtype": dtype or ref.dtype}
+        zeros = torch.zeros(batch, self.num_heads, self.head_dim, **fk)  # (B, H, p)
+        return PrimalState(zeros, zeros.clone(), torch.zeros(batch, **fk))
+
+    def step(self, x_t: Tensor, state: PrimalState, mask_t: Tensor | None = None) -> tuple[Tensor, PrimalState]:
+        """Decode one token: the same output as the full causal forward at this position.
+
+        Args:
+            x_t: ``(B, C)`` the current token of each sequence.
+            state: from :meth:`init_state` or the previous step.
+            mask_t: ``(B,)`` bool, True = real token. A padded token does not enter the state (exact
+                padding mode) and its output is 0.
+
+        Returns:
+            ``(y_t, new_state)`` with ``y_t`` of shape ``(B, C)``. No KSVD term is stored (inference).
+        """
+        if not self.causal:
+            raise RuntimeError("incremental decoding needs a causal primal layer (causal=True)")
+        if x_t.dim() != 2 or x_t.shape[-1] != self.dim:
+            raise ValueError(f"x_t must have shape (B, {self.dim}), got {tuple(x_t.shape)}")
+        B = x_t.shape[0]
+        if mask_t is not None:
+            mask_t = check_mask(mask_t[:, None], B, 1, x_t.device, "mask_t")[:, 0]
+        qk = self.qk(x_t).view(B, 2, self.num_heads, self.head_dim)  # (B, 2, H, p)
+        if mask_t is None or self.padding == "reference":
+            take = torch.ones(B, dtype=x_t.dtype, device=x_t.device)
+        else:
+            take = mask_t.to(x_t.dtype)
+        sum_q = state.sum_q + qk[:, 0] * take[:, None, None]
+        sum_k = state.sum_k + qk[:, 1] * take[:, None, None]
+        count = state.count + take
+        mean = torch.stack((sum_q, sum_k), 1) / count.clamp_min(1.0)[:, None, None, None]  # (B, 2, H, p)
+        phi = cosine_feature_map(mean, self.eps)
+        scores = torch.einsum("bthp,htps->bhts", phi, torch.stack((self.w_e, self.w_r), 1))  # (B, H, 2, s)
+        out = self.concat(scores.reshape(B, self.num_heads, 2 * self.s))  # (B, H, p)
+        y = self.proj_drop(self.proj(out.reshape(B, self.inner_dim)))  # (B, C)
+        if mask_t is not None:
+            y = y.masked_fill(~mask_t[:, None], 0.0)
+        return y, PrimalState(sum_q, sum_k, count)
+
+    def extra_repr(self) -> str:
+        n = f"n={self.n}" if self.data_dependent else "data_dependent=False"
+        return (
+            f"{super().extra_repr()}, s={self.s}, {n}, eta={self.aux_loss_weight}, padding={self.padding!r}, "
+            f"ksvd_reduction={self.ksvd_reduction!r}"
+        )

@@ -1,0 +1,241 @@
+"""Primal-Attention building blocks on ``(B, H, N, D)`` tensors (Chen et al., NeurIPS 2023).
+
+The layer (:class:`primaldual.attention.primal.PrimalAttention`) is a composition of these pieces:
+
+* :func:`even_positions` / :func:`sample_tokens`: the n evenly spaced token positions of the
+  data-dependent projection weights, per sequence (padding-correct) or over the padded length
+  (the reference code's behaviour);
+* :func:`data_dependent_weights`: ``W_{e|X} = f(X)^T W_e`` with ``f_h(X)`` the sampled tokens' h-th
+  contiguous channel chunk;
+* :func:`cosine_feature_map`: row-wise L2 normalisation with a zero-norm guard;
+* :func:`causal_prefix_mean`: the causal variant's prefix means of q and k (before the feature map);
+* :func:`primal_scores`: ``e = phi_q(Q) W_e``, ``r = phi_k(K) W_r`` concatenated to ``(B, H, N, 2s)``;
+* :func:`ksvd_objective` / :func:`ksvd_loss`: the KSVD objective J and its squared regulariser in the
+  reference code's convention (``Lambda`` plays ``Lambda^{1/2}`` of the paper, means instead of sums);
+* :func:`primal_kernel`: the implicit asymmetric kernel matrix ``phi_q(Q) phi_k(K)^T`` (for analysis).
+
+Masks are ``(B, N)`` bool with **True = real token**. Nothing here materialises an ``N x N`` or
+``N x n`` tensor except :func:`primal_kernel`, which exists to be inspected.
+
+Hand-written: no library implements Primal-Attention; the tensor work is plain ``torch`` ops.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = [
+    "causal_prefix_mean",
+    "cosine_feature_map",
+    "data_dependent_weights",
+    "even_positions",
+    "ksvd_loss",
+    "ksvd_objective",
+    "primal_kernel",
+    "primal_scores",
+    "sample_tokens",
+]
+
+PADDING_MODES = ("exact", "reference")
+KSVD_REDUCTIONS = ("global", "sample")
+
+
+@torch.compiler.disable
+def even_positions(lengths: Tensor, n: int) -> Tensor:
+    """``n`` evenly spaced indices into sequences of the given lengths: ``torch.linspace(0, L - 1, n, dtype=long)``.
+
+    This is the reference code's sampling, computed by ``torch.linspace`` itself, once per distinct length,
+    because its integer rounding (a fused multiply-add, counting down from ``L - 1`` in the second half)
+    differs from ``floor(j (L - 1) / (n - 1))`` at some points (e.g. L=3, n=151, j=75). Kept out of
+    ``torch.compile`` graphs so compiled and eager layers sample the same tokens.
+
+    Args:
+        lengths: ``(B,)`` integer lengths (0 is allowed and gives index 0).
+        n: number of positions, >= 1.
+
+    Returns:
+        ``(B, n)`` int64 indices in ``[0, max(L - 1, 0)]``.
+    """
+    out = torch.empty(lengths.shape[0], n, dtype=torch.long, device=lengths.device)
+    for length in torch.unique(lengths).tolist():
+        pos = torch.linspace(0, max(length - 1, 0), n, dtype=torch.long, device=lengths.device)  # (n,)
+        out[lengths == length] = pos
+    return out
+
+
+def sample_tokens(x: Tensor, n: int, mask: Tensor | None = None, padding: str = "exact") -> Tensor:
+    """The n evenly spaced tokens of ``x`` that the data-dependent projection weights are built from.
+
+    Args:
+        x: ``(B, N, C)`` layer input.
+        n: number of tokens to sample (may exceed N: positions then repeat).
+        mask: ``(B, N)`` bool, True = real token, or None.
+        padding: ``"exact"`` samples among each sequence's real tokens only (a sequence with no real
+            token gives zeros); ``"reference"`` samples positions over the padded length N, padding included,
+            as the reference code does. Identical when there is no padding.
+
+    Returns:
+        ``(B, n, C)`` sampled tokens.
+    """
+    if padding not in PADDING_MODES:
+        raise ValueError(f"padding must be one of {PADDING_MODES}, got {padding!r}")
+    B, N, C = x.shape
+    if mask is None or padding == "reference":
+        pos = even_positions(torch.full((1,), N, device=x.device), n)[0]  # (n,)
+        return x[:, pos]  # (B, n, C)
+    lengths = mask.sum(1)  # (B,)
+    ranks = even_positions(lengths, n)  # (B, n): rank among the sequence's real tokens
+    # the r-th real token is the first position where the running count of real tokens reaches r + 1
+    counts = mask.cumsum(1)  # (B, N)
+    pos = torch.searchsorted(counts, ranks + 1).clamp_max(N - 1)  # (B, n)
+    out = torch.gather(x, 1, pos[..., None].expand(B, n, C))  # (B, n, C)
+    return out * (lengths > 0).to(x.dtype)[:, None, None]
+
+
+def data_dependent_weights(samples: Tensor, weight: Tensor) -> Tensor:
+    """``W_{.|X, h} = f_h(X)^T W_h``: projection weights from the sampled tokens.
+
+    Args:
+        samples: ``(B, n, C)`` sampled layer inputs, ``C = H * p``; head h uses channels ``h*p ... h*p+p-1``.
+        weight: ``(H, n, s)`` learnable ``W_e`` or ``W_r``.
+
+    Returns:
+        ``(B, H, p, s)``.
+    """
+    B, n, C = samples.shape
+    H = weight.shape[0]
+    if weight.shape[1] != n or C % H:
+        raise ValueError(f"samples {tuple(samples.shape)} do not fit weight {tuple(weight.shape)} (need C = H * p)")
+    f = samples.reshape(B, n, H, C // H)  # (B, n, H, p)
+    return torch.einsum("bnhp,hns->bhps", f, weight)
+
+
+def cosine_feature_map(x: Tensor, eps: float = 1e-12) -> Tensor:
+    """Row-wise L2 normalisation ``x / max(||x||, eps)`` along the last dim; the zero vector maps to 0."""
+    return F.normalize(x, p=2.0, dim=-1, eps=eps)
+
+
+def causal_prefix_mean(x: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Prefix means along the token dimension: ``out_i = mean_{j <= i, j real} x_j``.
+
+    Args:
+        x: ``(B, N, ...)`` token-major tensor (dim 1 is the token axis).
+        mask: ``(B, N)`` bool, True = real token; padded tokens are left out of both sum and count.
+            A position with no real token at or before it gets 0.
+
+    Returns:
+        Same shape as ``x``.
+    """
+    B, N = x.shape[:2]
+    extra = (1,) * (x.dim() - 2)
+    if mask is None:
+        count = torch.arange(1, N + 1, device=x.device, dtype=x.dtype).view(1, N, *extra)  # (1, N, 1...)
+        return x.cumsum(1) / count
+    m = mask.to(x.dtype).view(B, N, *extra)  # (B, N, 1...)
+    return (x * m).cumsum(1) / m.cumsum(1).clamp_min(1.0)
+
+
+def primal_scores(phi_q: Tensor, phi_k: Tensor, w_e: Tensor, w_r: Tensor) -> Tensor:
+    """Projection scores ``[e; r]`` with ``e = phi_q W_e`` and ``r = phi_k W_r`` (r at the same token as e).
+
+    Args:
+        phi_q, phi_k: ``(B, H, N, p)`` feature-mapped queries and keys.
+        w_e, w_r: ``(B, H, p, s)`` data-dependent or ``(H, p, s)`` data-independent weights.
+
+    Returns:
+        ``(B, H, N, 2s)``: e in ``[..., :s]``, r in ``[..., s:]``. It is a permuted view of a token-major
+        ``(B, N, H, 2s)`` buffer, so ``scores.transpose(1, 2)`` is contiguous (what the concat Linear wants).
+    """
+    B, H, N, p = phi_q.shape
+    s = w_e.shape[-1]
+    phi = torch.stack((phi_q, phi_k), 3)  # (B, H, N, 2, p)
+    w = torch.stack((w_e, w_r), -3)  # (B, H, 2, p, s) or (H, 2, p, s)
+    eq = "bhntp,bhtps->bnhts" if w.dim() == 5 else "bhntp,htps->bnhts"
+    scores = torch.einsum(eq, phi, w)  # (B, N, H, 2, s)
+    return scores.reshape(B, N, H, 2 * s).transpose(1, 2)  # (B, H, N, 2s)
+
+
+def ksvd_objective(
+    e: Tensor,
+    r: Tensor,
+    w_e: Tensor,
+    w_r: Tensor,
+    lam: Tensor,
+    mask: Tensor | None = None,
+    reduction: str = "global",
+) -> Tensor:
+    """The KSVD objective J of one layer as the reference code computes it.
+
+    ``J = 1/2 mean_{h,i} ||Lambda_h * e_{h,i}||^2 + 1/2 mean_{h,j} ||Lambda_h * r_{h,j}||^2
+    - trace(mean_h W_{e,h}^T W_{r,h})``. ``Lambda`` here plays ``Lambda^{1/2}`` of the paper.
+
+    Args:
+        e, r: ``(B, H, N, s)`` scores.
+        w_e, w_r: the raw learnable weights, ``(H, n, s)`` or ``(H, p, s)``.
+        lam: ``(H, s)``.
+        mask: ``(B, N)`` bool, True = real token: padded tokens are left out of the means (None: all count).
+        reduction: ``"global"`` (one mean over batch, heads and tokens; the LRA / vision code) or
+            ``"sample"`` (means per sample over heads and tokens; the time-series code).
+
+    Returns:
+        A scalar for ``"global"``, ``(B,)`` for ``"sample"``.
+    """
+    if reduction not in KSVD_REDUCTIONS:
+        raise ValueError(f"ksvd_reduction must be one of {KSVD_REDUCTIONS}, got {reduction!r}")
+    B, H, N, _ = e.shape
+    lam2 = lam.square()[None, :, None, :]  # (1, H, 1, s)
+    energy = ((e.square() + r.square()) * lam2).sum(-1)  # (B, H, N): ||L e||^2 + ||L r||^2
+    m = torch.ones(B, N, dtype=e.dtype, device=e.device) if mask is None else mask.to(e.dtype)  # (B, N)
+    per_sample = (energy * m[:, None, :]).sum((1, 2))  # (B,)
+    count = m.sum(1) * H  # (B,) number of (head, token) pairs
+    trace = (w_e * w_r).sum() / H  # trace(mean_h W_e,h^T W_r,h)
+    if reduction == "global":
+        return 0.5 * per_sample.sum() / count.sum().clamp_min(1.0) - trace
+    return 0.5 * per_sample / count.clamp_min(1.0) - trace
+
+
+def ksvd_loss(
+    e: Tensor,
+    r: Tensor,
+    w_e: Tensor,
+    w_r: Tensor,
+    lam: Tensor,
+    mask: Tensor | None = None,
+    reduction: str = "global",
+) -> Tensor:
+    """One layer's KSVD regulariser: ``J^2`` (global) or ``mean_b J_b^2`` (per sample).
+
+    The per-sample form equals the time-series code's "square per sample, add to the per-sample task
+    loss, average over the batch". Sequences with no real token contribute nothing (they have no data);
+    if there are none at all the term is 0. Arguments as :func:`ksvd_objective`; returns a scalar.
+    """
+    j = ksvd_objective(e, r, w_e, w_r, lam, mask, reduction)
+    if mask is None:
+        return j.square().mean()
+    has = mask.any(1).to(e.dtype)  # (B,)
+    if reduction == "global":
+        return j.square() * has.max()
+    return (j.square() * has).sum() / has.sum().clamp_min(1.0)
+
+
+def primal_kernel(phi_q: Tensor, phi_k: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
+    """The implicit asymmetric kernel ``K_ij = <phi_q(x_i), phi_k(x_j)>`` per head (materialised, for analysis).
+
+    This is the matrix whose SVD the layer's KSVD objective refers to; it is not row-stochastic and the
+    layer's output is not ``K @ v``. Padded rows and columns (and, if causal, j > i) are zero.
+
+    Args:
+        phi_q, phi_k: ``(B, H, N, p)``. mask: ``(B, N)`` bool, True = real token.
+
+    Returns:
+        ``(B, H, N, N)``.
+    """
+    k = phi_q @ phi_k.transpose(-1, -2)  # (B, H, N, N)
+    N = k.shape[-1]
+    if causal:
+        k = k.masked_fill(~torch.ones(N, N, dtype=torch.bool, device=k.device).tril(), 0.0)
+    if mask is not None:
+        k = k * (mask[:, None, :, None] & mask[:, None, None, :]).to(k.dtype)
+    return k
