@@ -1,0 +1,288 @@
+"""LRA-style training-step benchmark: time per 1K steps and peak training memory, per task and model.
+
+For each LRA task shape (ListOps 2K, Text 4K, Retrieval 4K x 2, Image 1K, Pathfinder 1K) and each model
+(Transformer, PrimalFormer, Primal.+Trans., linear and the SVR-family attentions) one fresh subprocess
+builds the reference LRA model (embedding 64, 2 layers, 2 heads x 32, FFN 128, mean pooling, AdamW),
+runs ``warmup`` full training steps (forward, task loss + auxiliary KSVD loss, backward, optimizer step),
+then times ``steps`` more. How this differs from the paper's measurement, on purpose:
+
+* no evaluation pass inside the timed loop, no gradient checkpointing for any model, warm-up excluded;
+* every model uses the same batch (``--batch`` overrides the paper's batch for CPU, for all models alike);
+* the token content is random (timing and memory do not depend on it): this benchmark measures cost,
+  never accuracy;
+* the primal low rank ``s`` and ``eta`` are the accuracy runs' values from ``benchmarks.md``.
+
+Peak memory is the whole training process above the interpreter baseline (weights, optimizer state and
+activations), read as on CPU ``VmHWM`` after resetting it just before the model is built; on CUDA
+``max_memory_allocated``. Out-of-memory is recorded as a value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .layers import _status_kb, machine_info
+
+__all__ = ["MODELS", "TASKS", "lra_table", "run_lra"]
+
+# task -> shape and the paper's batch, (PrimalFormer s, eta), (Primal.+ s, eta)
+TASKS: dict[str, dict[str, Any]] = {
+    "listops": {"length": 2048, "vocab": 32, "classes": 10, "batch": 32, "pf": (20, 0.1), "pp": (30, 0.05)},
+    "text": {"length": 4096, "vocab": 256, "classes": 2, "batch": 32, "pf": (20, 0.05), "pp": (30, 0.1)},
+    "retrieval": {"length": 4096, "vocab": 256, "classes": 2, "batch": 32, "pf": (30, 0.0), "pp": (20, 0.05)},
+    "image": {"length": 1024, "vocab": 256, "classes": 10, "batch": 256, "pf": (30, 0.1), "pp": (30, 0.1)},
+    "pathfinder": {"length": 1024, "vocab": 256, "classes": 2, "batch": 256, "pf": (30, 0.1), "pp": (20, 0.05)},
+}
+# the paper's efficiency table (seconds per 1K steps, GB): Transformer vs PrimalFormer
+PAPER = {
+    "listops": (194.5, 56.5, 5.50, 0.69),
+    "text": (694.8, 93.6, 21.24, 1.37),
+    "retrieval": (1333.7, 185.3, 18.72, 2.99),
+    "image": (334.5, 142.9, 5.88, 1.39),
+    "pathfinder": (405.5, 180.0, 5.88, 1.52),
+}
+MODELS = ("transformer", "primalformer", "primal_plus", "linear", "softmax_bn", "softmax_sh", "softmax_bn_sh")
+
+
+def model_attention(model: str, task: str) -> tuple[list[str], list[dict[str, Any]]]:
+    """Per-layer attention names and options of a 2-layer LRA model."""
+    t = TASKS[task]
+    if model == "transformer":
+        return ["softmax", "softmax"], [{}, {}]
+    if model == "primalformer":
+        s, eta = t["pf"]
+        o = {"s": s, "eta": eta, "ksvd_reduction": "global"}
+        return ["primal", "primal"], [o, o]
+    if model == "primal_plus":
+        s, eta = t["pp"]
+        return ["softmax", "primal"], [{}, {"s": s, "eta": eta, "ksvd_reduction": "global"}]
+    return [model, model], [{}, {}]
+
+
+def _worker(case: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from primaldual.aux_loss import collect_aux_loss
+    from primaldual.models import RetrievalClassifier, SequenceClassifier
+
+    if case["threads"]:
+        torch.set_num_threads(case["threads"])
+    device = torch.device(case["device"])
+    t = TASKS[case["task"]]
+    names, opts = model_attention(case["model"], case["task"])
+    kw = {"dim": 64, "depth": 2, "num_heads": 2, "ffn_dim": 128, "dropout": 0.1, "pooling": "mean"}
+    kw.update(attention=names, attention_options=opts)
+    base = _reset_peak(device)
+    torch.manual_seed(0)
+    B, N = case["batch"], t["length"]
+    if case["task"] == "retrieval":
+        model = RetrievalClassifier(t["vocab"], N, t["classes"], **kw).to(device)
+        batch = (
+            torch.randint(1, t["vocab"], (B, N), device=device),
+            torch.randint(1, t["vocab"], (B, N), device=device),
+        )
+    else:
+        model = SequenceClassifier(t["vocab"], t["classes"], N, **kw).to(device)
+        batch = (torch.randint(1, t["vocab"], (B, N), device=device),)
+    y = torch.randint(0, t["classes"], (B,), device=device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0)
+    model.train()
+    amp = device.type == "cuda" and case.get("amp", False)
+
+    def step():
+        with torch.autocast(device.type, dtype=torch.float16, enabled=amp):
+            logits = model(*batch)
+            loss = torch.nn.functional.cross_entropy(logits.float(), y)
+            aux = collect_aux_loss(model)
+            if aux is not None:
+                loss = loss + aux
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    for _ in range(case["warmup"]):
+        step()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(case["steps"]):
+        step()
+    sync()
+    per_step = (time.perf_counter() - t0) / case["steps"]
+    peak = torch.cuda.max_memory_allocated() - base if device.type == "cuda" else _status_kb("VmHWM") * 1024 - base
+    return {
+        "s_per_1k_steps": 1000 * per_step,
+        "peak_mem_gb": peak / 2**30,
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+
+
+def _reset_peak(device) -> int:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.memory_allocated()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _status_kb("VmRSS") * 1024
+
+
+def _worker_main(case_json: str) -> None:
+    case = json.loads(case_json)
+    if case["device"] == "cpu" and case["mem_limit_gb"] > 0:
+        lim = int(case["mem_limit_gb"] * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
+    try:
+        res = {"status": "ok", **_worker(case)}
+    except (RuntimeError, MemoryError) as e:
+        msg = str(e).lower()
+        if not (isinstance(e, MemoryError) or "memory" in msg or "alloc" in msg):
+            raise
+        res = {"status": "oom", "error": str(e)[:200]}
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+def run_lra(
+    tasks: list[str],
+    models: list[str],
+    out: Path,
+    *,
+    batch: int | None,
+    steps: int,
+    warmup: int,
+    device: str = "cpu",
+    timeout_s: float = 1800.0,
+    mem_limit_gb: float = 20.0,
+    threads: int = 0,
+    amp: bool = False,
+) -> list[dict[str, Any]]:
+    """Run every (task, model) case in its own subprocess; writes JSON (atomically) after each case."""
+    records: list[dict[str, Any]] = []
+    settings = {"batch": batch, "steps": steps, "warmup": warmup, "device": device, "amp": amp, "threads": threads}
+    for task in tasks:
+        for model in models:
+            case = {"task": task, "model": model, "batch": batch or TASKS[task]["batch"], "steps": steps}
+            case.update(warmup=warmup, device=device, mem_limit_gb=mem_limit_gb, threads=threads, amp=amp)
+            cmd = [sys.executable, "-m", "primaldual.bench.lra", "--worker", json.dumps(case)]
+            t0 = time.time()
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+                res = next(
+                    (json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")),
+                    None,
+                )
+                if res is None:
+                    status = "oom" if proc.returncode in (-9, 137) else "error"
+                    res = {"status": status, "error": (proc.stderr or proc.stdout)[-400:]}
+            except subprocess.TimeoutExpired:
+                res = {"status": "timeout"}
+            rec = {"task": task, "model": model, "batch": case["batch"], "wall_s": time.time() - t0, **res}
+            records.append(rec)
+            print(f"{task:<11}{model:<14}{_fmt(rec)}", flush=True)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_suffix(".json.tmp")
+            payload = {"kind": "lra", "machine": machine_info(device), "settings": settings, "records": records}
+            tmp.write_text(json.dumps(payload, indent=1))
+            os.replace(tmp, out)
+    return records
+
+
+def _fmt(r: dict[str, Any]) -> str:
+    if r["status"] != "ok":
+        return r["status"]
+    return f"{r['s_per_1k_steps']:9.1f} s/1K steps  {r['peak_mem_gb']:7.3f} GB"
+
+
+def lra_table(records: list[dict[str, Any]]) -> str:
+    """Markdown table in the layout of the paper's efficiency table, with ratios to the Transformer."""
+    tasks = [t for t in TASKS if any(r["task"] == t for r in records)]
+    models = [m for m in MODELS if any(r["model"] == m for r in records)]
+    lines = [
+        "| model | " + " | ".join(f"{t} time (s/1K) | {t} mem (GB)" for t in tasks) + " |",
+        "|---|" + "---|---|" * len(tasks),
+    ]
+    by = {(r["task"], r["model"]): r for r in records}
+    for m in models:
+        cells = []
+        for t in tasks:
+            r, base = by.get((t, m)), by.get((t, "transformer"))
+            if r is None or r["status"] != "ok":
+                cells += [r["status"] if r else "", ""]
+                continue
+            ok = base is not None and base["status"] == "ok" and m != "transformer"
+            tr = f" ({base['s_per_1k_steps'] / r['s_per_1k_steps']:.1f}x)" if ok else ""
+            mr = f" ({base['peak_mem_gb'] / max(r['peak_mem_gb'], 1e-9):.1f}x)" if ok else ""
+            cells += [f"{r['s_per_1k_steps']:.1f}{tr}", f"{r['peak_mem_gb']:.3f}{mr}"]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    paper = ["| paper: PrimalFormer vs Transformer | "]
+    cells = []
+    for t in tasks:
+        st, sp, mt, mp = PAPER[t]
+        cells += [f"{sp} vs {st} ({st / sp:.1f}x)", f"{mp} vs {mt} ({mt / mp:.1f}x)"]
+    lines.append(paper[0] + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tasks", default=",".join(TASKS), help=f"comma list of {list(TASKS)}")
+    p.add_argument("--models", default=",".join(MODELS), help=f"comma list of {list(MODELS)}")
+    p.add_argument("--batch", type=int, default=None, help="batch for every model (default: the paper's per task)")
+    p.add_argument("--steps", type=int, default=10, help="timed training steps")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--amp", action="store_true", help="fp16 autocast on CUDA (the paper used AMP)")
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=1800.0)
+    p.add_argument("--mem-limit-gb", type=float, default=20.0)
+    p.add_argument("--out", default="runs/bench/lra.json")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    if args.worker is not None:
+        _worker_main(args.worker)
+        return 0
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    bad = [t for t in tasks if t not in TASKS] + [m for m in models if m not in MODELS]
+    if bad:
+        raise SystemExit(f"unknown task/model {bad}; tasks {list(TASKS)}, models {list(MODELS)}")
+    out = Path(args.out)
+    records = run_lra(
+        tasks,
+        models,
+        out,
+        batch=args.batch,
+        steps=args.steps,
+        warmup=args.warmup,
+        device=args.device,
+        timeout_s=args.timeout,
+        mem_limit_gb=args.mem_limit_gb,
+        threads=args.threads,
+        amp=args.amp,
+    )
+    print()
+    print(lra_table(records))
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--worker":
+        _worker_main(sys.argv[2])
+    else:
+        p = argparse.ArgumentParser(prog="primaldual bench lra")
+        add_arguments(p)
+        sys.exit(run_from_args(p.parse_args()))

@@ -1,0 +1,26 @@
+"""The LRA training-step benchmark runs a real step end to end and tabulates ratios to the Transformer."""
+
+from __future__ import annotations
+
+import json
+
+from primaldual.bench.lra import MODELS, TASKS, lra_table, model_attention, run_lra
+
+
+def test_every_model_maps_to_two_layers():
+    for task in TASKS:
+        for model in MODELS:
+            names, opts = model_attention(model, task)
+            assert len(names) == len(opts) == 2
+    names, opts = model_attention("primal_plus", "listops")
+    assert names == ["softmax", "primal"] and opts[1]["s"] == 30 and opts[1]["eta"] == 0.05
+
+
+def test_one_real_training_step(tmp_path):
+    out = tmp_path / "lra.json"
+    recs = run_lra(["image"], ["transformer", "linear"], out, batch=1, steps=1, warmup=1, threads=1)
+    assert [r["status"] for r in recs] == ["ok", "ok"], recs
+    data = json.loads(out.read_text())
+    assert data["kind"] == "lra" and len(data["records"]) == 2
+    table = lra_table(recs)
+    assert "transformer" in table and "x)" in table and "paper" in table
