@@ -1,0 +1,1 @@
+"""Analyses of trained or random models (import the submodules: ``redundancy``, ``capture``, ``spectrum``)."""
