@@ -35,6 +35,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..aux_loss import AuxLossMixin
@@ -47,7 +48,7 @@ from ..functional.primal import (
     data_dependent_weights,
     ksvd_loss,
     primal_kernel,
-    primal_scores,
+    primal_scores_from_input,
     sample_tokens,
 )
 from .base import AttentionLayer
@@ -175,14 +176,6 @@ class PrimalAttention(AttentionLayer, AuxLossMixin):
         nn.init.uniform_(self.lam)
 
     # ----------------------------------------------------------------------------------------------
-    def _features(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        """``(B, N, C) -> (B, N, 2, H, p)``: phi of (prefix-mean, if causal) queries and keys."""
-        B, N, _ = x.shape
-        qk = self.qk(x).view(B, N, 2, self.num_heads, self.head_dim)  # (B, N, 2, H, p)
-        if self.causal:
-            qk = causal_prefix_mean(qk, mask if self.padding == "exact" else None)
-        return cosine_feature_map(qk, self.eps)
-
     def _weights(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
         """W_e, W_r as used by the scores: ``(B, H, p, s)`` data-dependent or ``(H, p, s)``."""
         if not self.data_dependent:
@@ -190,18 +183,28 @@ class PrimalAttention(AttentionLayer, AuxLossMixin):
         samples = sample_tokens(x, self.n, mask, self.padding)  # (B, n, C)
         return data_dependent_weights(samples, self.w_e), data_dependent_weights(samples, self.w_r)
 
+    def _fused_output(self) -> tuple[Tensor, Tensor]:
+        """The concat Linear(2s -> p) of every head followed by the output Linear, as one ``(C, H*2s)`` map."""
+        w_o = self.proj.weight.view(self.dim, self.num_heads, self.head_dim)  # (C, H, p)
+        weight = torch.einsum("chp,pk->chk", w_o, self.concat.weight).reshape(self.dim, -1)  # (C, H*2s)
+        return weight, torch.einsum("chp,p->c", w_o, self.concat.bias) + self.proj.bias
+
     def _forward(self, x: Tensor, mask: Tensor | None, need_weights: bool) -> tuple[Tensor, Tensor | None]:
         B, N, _ = x.shape
-        phi = self._features(x, mask)  # (B, N, 2, H, p)
-        phi_q, phi_k = phi.permute(2, 0, 3, 1, 4).unbind(0)  # 2 x (B, H, N, p) views
+        exact_mask = mask if self.padding == "exact" else None
+        # causal: q, k are affine in x, so the prefix means of q and k are q, k of the prefix means of x
+        src = causal_prefix_mean(x, exact_mask) if self.causal else x  # (B, N, C)
         w_e, w_r = self._weights(x, mask)
-        scores = primal_scores(phi_q, phi_k, w_e, w_r)  # (B, H, N, 2s)
-        loss_mask = mask if self.padding == "exact" else None
-        e, r = scores[..., : self.s], scores[..., self.s :]  # (B, H, N, s) each
-        self.set_aux_loss(ksvd_loss(e, r, self.w_e, self.w_r, self.lam, loss_mask, self.ksvd_reduction))
-        out = self.concat(scores.transpose(1, 2))  # (B, N, H, p)
-        out = self.proj(out.reshape(B, N, self.inner_dim))  # (B, N, H*p) -> (B, N, C)
-        weights = primal_kernel(phi_q, phi_k, mask, self.causal) if need_weights else None
+        scores, qk = primal_scores_from_input(src, self.qk.weight, self.qk.bias, w_e, w_r, self.eps)
+        e = scores[:, :, :, 0].transpose(1, 2)  # (B, H, N, s) view
+        r = scores[:, :, :, 1].transpose(1, 2)
+        self.set_aux_loss(ksvd_loss(e, r, self.w_e, self.w_r, self.lam, exact_mask, self.ksvd_reduction))
+        weight, bias = self._fused_output()
+        out = F.linear(scores.view(B, N, -1), weight, bias)  # (B, N, H*2s) -> (B, N, C)
+        weights = None
+        if need_weights:
+            phi = cosine_feature_map(qk, self.eps).permute(2, 0, 3, 1, 4)  # (2, B, H, N, p)
+            weights = primal_kernel(phi[0], phi[1], mask, self.causal)
         return self.proj_drop(out), weights
 
     # ----------------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ __all__ = [
     "ksvd_objective",
     "primal_kernel",
     "primal_scores",
+    "primal_scores_from_input",
     "sample_tokens",
 ]
 
@@ -157,6 +158,45 @@ def primal_scores(phi_q: Tensor, phi_k: Tensor, w_e: Tensor, w_r: Tensor) -> Ten
     return scores.reshape(B, N, H, 2 * s).transpose(1, 2)  # (B, H, N, 2s)
 
 
+def primal_scores_from_input(
+    x: Tensor, qk_weight: Tensor, qk_bias: Tensor | None, w_e: Tensor, w_r: Tensor, eps: float = 1e-12
+) -> tuple[Tensor, Tensor]:
+    """The layer's fast path: token-major scores ``[e; r]`` straight from the layer input.
+
+    Mathematically ``primal_scores(phi(Q), phi(K), w_e, w_r)`` with ``[Q, K] = x W^T + b``, computed as
+    ``e_i = (x_i A + c) / max(||q_i||, eps)`` where ``A = W_q^T W_e`` is folded per head (a ``(C, 2 H s)``
+    matrix, ``(B, C, 2 H s)`` if data-dependent): one GEMM over the tokens with no block-diagonal waste and
+    no normalised ``(B, N, 2C)`` copy, and only per-token norms of ``[Q, K]``.
+
+    Args:
+        x: ``(B, N, C)`` layer input (prefix means of it for the causal variant: q, k are affine in x).
+        qk_weight: ``(2 H p, C)`` fused Q/K projection; qk_bias: ``(2 H p,)`` or None.
+        w_e, w_r: ``(B, H, p, s)`` or ``(H, p, s)``.
+        eps: zero-norm guard.
+
+    Returns:
+        ``(scores, qk)``: scores ``(B, N, H, 2, s)`` token-major (``[..., 0, :]`` is e, ``[..., 1, :]`` is r);
+        qk ``(B, N, 2, H, p)`` the unnormalised queries / keys.
+    """
+    B, N, C = x.shape
+    H, p, s = w_e.shape[-3:]
+    qk = F.linear(x, qk_weight, qk_bias).view(B, N, 2, H, p)  # (B, N, 2, H, p)
+    inv = torch.linalg.vector_norm(qk, dim=-1).clamp_min(eps).reciprocal()  # (B, N, 2, H)
+    w = torch.stack((w_e, w_r), -4)  # (B, 2, H, p, s) or (2, H, p, s)
+    wq = qk_weight.view(2, H, p, C)  # (2, H, p, C)
+    if w.dim() == 5:
+        a = torch.einsum("thpc,bthps->bchts", wq, w).reshape(B, C, H * 2 * s)  # (B, C, H*2*s)
+        u = x @ a  # (B, N, H*2*s)
+        if qk_bias is not None:
+            u = u + torch.einsum("thp,bthps->bhts", qk_bias.view(2, H, p), w).reshape(B, 1, H * 2 * s)
+    else:
+        a = torch.einsum("thpc,thps->chts", wq, w).reshape(C, H * 2 * s)  # (C, H*2*s)
+        c = None if qk_bias is None else torch.einsum("thp,thps->hts", qk_bias.view(2, H, p), w).reshape(-1)
+        u = F.linear(x, a.T, c)  # (B, N, H*2*s)
+    scores = u.view(B, N, H, 2, s) * inv.transpose(2, 3).unsqueeze(-1)  # (B, N, H, 2, s)
+    return scores, qk
+
+
 def ksvd_objective(
     e: Tensor,
     r: Tensor,
@@ -184,11 +224,12 @@ def ksvd_objective(
     """
     if reduction not in KSVD_REDUCTIONS:
         raise ValueError(f"ksvd_reduction must be one of {KSVD_REDUCTIONS}, got {reduction!r}")
-    B, H, N, _ = e.shape
-    lam2 = lam.square()[None, :, None, :]  # (1, H, 1, s)
-    energy = ((e.square() + r.square()) * lam2).sum(-1)  # (B, H, N): ||L e||^2 + ||L r||^2
+    B, H, N, s = e.shape
     m = torch.ones(B, N, dtype=e.dtype, device=e.device) if mask is None else mask.to(e.dtype)  # (B, N)
-    per_sample = (energy * m[:, None, :]).sum((1, 2))  # (B,)
+    # masked token sums of e^2 and r^2 as one batched GEMM (a reduction BLAS does fast), then Lambda^2
+    sq = torch.stack((e, r), 3).square()  # (B, H, N, 2, s)
+    sums = torch.einsum("bn,bhnts->bhts", m, sq)  # (B, H, 2, s)
+    per_sample = (sums * lam.square()[None, :, None, :]).sum((1, 2, 3))  # (B,): sum ||L e||^2 + ||L r||^2
     count = m.sum(1) * H  # (B,) number of (head, token) pairs
     trace = (w_e * w_r).sum() / H  # trace(mean_h W_e,h^T W_r,h)
     if reduction == "global":
