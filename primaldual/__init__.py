@@ -20,9 +20,11 @@ from .attention import (
     list_attentions,
     register_attention,
 )
+from .attention.primal import PrimalAttention, PrimalState
 from .aux_loss import AuxLossMixin, collect_aux_loss
 from .checks import set_input_checks
 from .encoder import Encoder, EncoderBlock, LearnedPositionalEncoding, SinusoidalPositionalEncoding
+from .primalformer import primal_plus, primalformer
 
 __version__ = "0.1.0"
 
@@ -33,12 +35,16 @@ __all__ = [
     "Encoder",
     "EncoderBlock",
     "LearnedPositionalEncoding",
+    "PrimalAttention",
+    "PrimalState",
     "SinusoidalPositionalEncoding",
     "attention_options",
     "attention_table",
     "build_attention",
     "collect_aux_loss",
     "list_attentions",
+    "primal_plus",
+    "primalformer",
     "register_attention",
     "set_input_checks",
 ]
