@@ -29,7 +29,9 @@ Choices made here, and why:
   normalised, together with the keys it sees, with the statistics of the keys it may see (``j <= i``, or the
   pooled windows visible to it). For softmax this stays one ``O(N^2)`` pass: with per-query statistics
   ``(mu_i, s_i)``, ``q^_i . k^_j = q~_i . k_j - q~_i . beta mu_i`` where ``q~_i = (q_i - beta mu_i) / s_i^2``, and the
-  second term is constant over j, which the softmax ignores. Linear attention applies a non-linear feature
+  second term is constant over j, which the softmax ignores. The non-causal softmax path uses the same identity
+  (only the queries are transformed), which is exact and saves normalising the keys; the reference
+  (:mod:`primaldual.naive.svr`) normalises both explicitly, so the tests check the identity. Linear attention applies a non-linear feature
   map to ``k^_j``, so per-query key statistics would need an ``O(N^2)`` kernel: causal linear BN is refused.
 * **Causal SH without leakage.** A pooled key depends on every token of its window, so query i sees the
   windows that *end* at or before i (average pooling: window w = tokens ``[w r, (w + 1) r)`` is visible from
@@ -104,9 +106,11 @@ def key_statistics(
         ``(mu, std)``, each ``(B, H, 1, D)`` (``(1, H, 1, D)`` for ``stats_over="batch"``). A sequence without a
         real token gets ``mu = 0`` and ``std = sqrt(eps)``.
     """
-    w = torch.ones_like(k[..., :1]) if key_mask is None else key_mask[:, None, :, None].to(k.dtype)  # (B, 1|H, N, 1)
-    w = w.expand(k.shape[0], k.shape[1], k.shape[2], 1)  # (B, H, N, 1)
     dims = (0, 2) if stats_over == "batch" else (2,)
+    if key_mask is None:
+        var, mu = torch.var_mean(k, dim=dims, correction=0, keepdim=True)  # one fused pass
+        return mu, (var + eps).sqrt()
+    w = key_mask[:, None, :, None].to(k.dtype).expand(k.shape[0], k.shape[1], k.shape[2], 1)  # (B, H, N, 1)
     count = w.sum(dims, keepdim=True).clamp_min(1.0)
     mu = (k * w).sum(dims, keepdim=True) / count
     # masked_fill rather than multiply: padded keys may hold anything, their square must not reach the sum
@@ -388,8 +392,13 @@ def svr_attention(
         groups.setdefault(f, []).append(h)
     outs, weights, order = [], [], []
     for f, heads in groups.items():
-        idx = torch.tensor(heads, device=q.device) if len(groups) > 1 else None
-        qg, kg, vg = (t if idx is None else t.index_select(1, idx) for t in (q, k, v))  # (B, Hg, N, .)
+        contiguous = heads == list(range(heads[0], heads[0] + len(heads)))
+        idx = None if len(groups) == 1 or contiguous else torch.tensor(heads, device=q.device)
+        if len(groups) > 1 and contiguous:  # a view, no copy (the default ladder's groups are head ranges)
+            qg, kg, vg = (t.narrow(1, heads[0], len(heads)) for t in (q, k, v))  # (B, Hg, N, .)
+            idx = torch.arange(heads[0], heads[0] + len(heads), device=q.device)
+        else:
+            qg, kg, vg = (t if idx is None else t.index_select(1, idx) for t in (q, k, v))  # (B, Hg, N, .)
         stats = None
         if full_stats is not None:
             stats = full_stats if idx is None else tuple(s.index_select(1, idx) for s in full_stats)
@@ -405,9 +414,12 @@ def svr_attention(
         order.extend(heads)
     if len(groups) == 1:
         return outs[0], weights[0]
-    inv = torch.argsort(torch.tensor(order, device=q.device))
-    out = torch.cat(outs, 1).index_select(1, inv)  # (B, H, N, Dv) in head order
-    wts = torch.cat(weights, 1).index_select(1, inv) if need_weights else None
+    out = torch.cat(outs, 1)  # (B, H, N, Dv) in group order
+    wts = torch.cat(weights, 1) if need_weights else None
+    if order != sorted(order):
+        inv = torch.argsort(torch.tensor(order, device=q.device))
+        out = out.index_select(1, inv)  # back to head order
+        wts = wts.index_select(1, inv) if wts is not None else None
     return out, wts
 
 
@@ -451,8 +463,9 @@ def _group(
             stats = key_statistics(kp, pmask, stats_over=stats_over, eps=bn_eps)  # (B|1, Hg, 1, D)
         mu, std = stats
         std = std if divide_std else None
-        if causal:
-            # per-query statistics: q~ = (q - beta mu_i) / s_i^2 against raw keys (see module docstring)
+        if kernel == "softmax":
+            # q^.k^ = q~.k - q~.(beta mu) with q~ = (q - beta mu) / s^2; the second term is constant over keys
+            # and the softmax drops it, so only the queries are transformed (also with per-query causal stats)
             q = _normalise(q, mu, None if std is None else std.pow(2), beta)
         else:
             q, kp = _normalise(q, mu, std, beta), _normalise(kp, mu, std, beta)
