@@ -46,7 +46,7 @@ from ..functional.primal import (
     causal_prefix_mean,
     cosine_feature_map,
     data_dependent_weights,
-    ksvd_loss,
+    ksvd_loss_from_scores,
     primal_kernel,
     primal_scores_from_input,
     sample_tokens,
@@ -196,9 +196,7 @@ class PrimalAttention(AttentionLayer, AuxLossMixin):
         src = causal_prefix_mean(x, exact_mask) if self.causal else x  # (B, N, C)
         w_e, w_r = self._weights(x, mask)
         scores, qk = primal_scores_from_input(src, self.qk.weight, self.qk.bias, w_e, w_r, self.eps)
-        e = scores[:, :, :, 0].transpose(1, 2)  # (B, H, N, s) view
-        r = scores[:, :, :, 1].transpose(1, 2)
-        self.set_aux_loss(ksvd_loss(e, r, self.w_e, self.w_r, self.lam, exact_mask, self.ksvd_reduction))
+        self.set_aux_loss(ksvd_loss_from_scores(scores, self.w_e, self.w_r, self.lam, exact_mask, self.ksvd_reduction))
         weight, bias = self._fused_output()
         out = F.linear(scores.view(B, N, -1), weight, bias)  # (B, N, H*2s) -> (B, N, C)
         weights = None

@@ -32,6 +32,7 @@ __all__ = [
     "data_dependent_weights",
     "even_positions",
     "ksvd_loss",
+    "ksvd_loss_from_scores",
     "ksvd_objective",
     "primal_kernel",
     "primal_scores",
@@ -197,6 +198,46 @@ def primal_scores_from_input(
     return scores, qk
 
 
+class _MaskedSquareSums(torch.autograd.Function):
+    """``S_bk = sum_n m_bn x_bnk^2`` with a two-pass backward ``2 x m grad`` (autograd's chain is ~5 passes)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, m: Tensor) -> Tensor:
+        ctx.save_for_backward(x, m)
+        return torch.bmm(m[:, None, :], x * x)[:, 0]  # (B, 1, N) @ (B, N, K) -> (B, K)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, None]:
+        x, m = ctx.saved_tensors
+        return x * (2.0 * grad[:, None, :]) * m[:, :, None], None
+
+
+def _objective_from_scores(
+    scores: Tensor, w_e: Tensor, w_r: Tensor, lam: Tensor, mask: Tensor | None, reduction: str
+) -> Tensor:
+    if reduction not in KSVD_REDUCTIONS:
+        raise ValueError(f"ksvd_reduction must be one of {KSVD_REDUCTIONS}, got {reduction!r}")
+    B, N, H, _, s = scores.shape
+    m = torch.ones(B, N, dtype=scores.dtype, device=scores.device) if mask is None else mask.to(scores.dtype)
+    sums = _MaskedSquareSums.apply(scores.reshape(B, N, H * 2 * s), m)  # (B, H*2*s): masked sums of e^2, r^2
+    lam2 = lam.square()[:, None, :].expand(H, 2, s).reshape(H * 2 * s)  # (H*2*s,)
+    per_sample = sums @ lam2  # (B,): sum over heads, tokens of ||L e||^2 + ||L r||^2
+    count = m.sum(1) * H  # (B,) number of (head, token) pairs
+    trace = (w_e * w_r).sum() / H  # trace(mean_h W_e,h^T W_r,h)
+    if reduction == "global":
+        return 0.5 * per_sample.sum() / count.sum().clamp_min(1.0) - trace
+    return 0.5 * per_sample / count.clamp_min(1.0) - trace
+
+
+def _loss_from_objective(j: Tensor, mask: Tensor | None, reduction: str) -> Tensor:
+    if mask is None:
+        return j.square().mean()
+    has = mask.any(1).to(j.dtype)  # (B,)
+    if reduction == "global":
+        return j.square() * has.max()
+    return (j.square() * has).sum() / has.sum().clamp_min(1.0)
+
+
 def ksvd_objective(
     e: Tensor,
     r: Tensor,
@@ -222,19 +263,8 @@ def ksvd_objective(
     Returns:
         A scalar for ``"global"``, ``(B,)`` for ``"sample"``.
     """
-    if reduction not in KSVD_REDUCTIONS:
-        raise ValueError(f"ksvd_reduction must be one of {KSVD_REDUCTIONS}, got {reduction!r}")
-    B, H, N, s = e.shape
-    m = torch.ones(B, N, dtype=e.dtype, device=e.device) if mask is None else mask.to(e.dtype)  # (B, N)
-    # masked token sums of e^2 and r^2 as one batched GEMM (a reduction BLAS does fast), then Lambda^2
-    sq = torch.stack((e, r), 3).square()  # (B, H, N, 2, s)
-    sums = torch.einsum("bn,bhnts->bhts", m, sq)  # (B, H, 2, s)
-    per_sample = (sums * lam.square()[None, :, None, :]).sum((1, 2, 3))  # (B,): sum ||L e||^2 + ||L r||^2
-    count = m.sum(1) * H  # (B,) number of (head, token) pairs
-    trace = (w_e * w_r).sum() / H  # trace(mean_h W_e,h^T W_r,h)
-    if reduction == "global":
-        return 0.5 * per_sample.sum() / count.sum().clamp_min(1.0) - trace
-    return 0.5 * per_sample / count.clamp_min(1.0) - trace
+    scores = torch.stack((e, r), 3).transpose(1, 2)  # (B, N, H, 2, s)
+    return _objective_from_scores(scores, w_e, w_r, lam, mask, reduction)
 
 
 def ksvd_loss(
@@ -252,13 +282,19 @@ def ksvd_loss(
     loss, average over the batch". Sequences with no real token contribute nothing (they have no data);
     if there are none at all the term is 0. Arguments as :func:`ksvd_objective`; returns a scalar.
     """
-    j = ksvd_objective(e, r, w_e, w_r, lam, mask, reduction)
-    if mask is None:
-        return j.square().mean()
-    has = mask.any(1).to(e.dtype)  # (B,)
-    if reduction == "global":
-        return j.square() * has.max()
-    return (j.square() * has).sum() / has.sum().clamp_min(1.0)
+    return _loss_from_objective(ksvd_objective(e, r, w_e, w_r, lam, mask, reduction), mask, reduction)
+
+
+def ksvd_loss_from_scores(
+    scores: Tensor,
+    w_e: Tensor,
+    w_r: Tensor,
+    lam: Tensor,
+    mask: Tensor | None = None,
+    reduction: str = "global",
+) -> Tensor:
+    """:func:`ksvd_loss` on the token-major scores of :func:`primal_scores_from_input` ``(B, N, H, 2, s)``."""
+    return _loss_from_objective(_objective_from_scores(scores, w_e, w_r, lam, mask, reduction), mask, reduction)
 
 
 def primal_kernel(phi_q: Tensor, phi_k: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
