@@ -343,7 +343,8 @@ def tokenize_listops(source: str, tokenisation: str = "brackets") -> list[int]:
 class ListOpsDataset(Dataset):
     """One split of ListOps as fixed-length token sequences.
 
-    Items are dicts: ``tokens`` (L,) int64 padded with 0, ``mask`` (L,) bool (True = real token), ``label`` int.
+    Items are tuples ``(tokens (L,) int64 padded with 0, mask (L,) bool (True = real token), label int64)``, the
+    batch layout ``(tokens, mask, y)`` of :class:`~primaldual.models.SequenceClassifier` training.
 
     Args:
         root: directory holding ``basic_{train,val,test}.tsv`` (default: ``<cache>/listops``).
@@ -404,7 +405,7 @@ class ListOpsDataset(Dataset):
     def __len__(self) -> int:
         return len(self.labels)
 
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor | int]:
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         tokens = torch.from_numpy(self.tokens[i].astype(np.int64))  # (L,)
         mask = torch.arange(tokens.shape[0]) < int(self.lengths[i])  # (L,) True = real token
-        return {"tokens": tokens, "mask": mask, "label": int(self.labels[i])}
+        return tokens, mask, torch.tensor(self.labels[i])

@@ -469,8 +469,7 @@ def read_pathfinder_release(
 class PathfinderDataset(Dataset):
     """Pathfinder images as sequences of pixel tokens.
 
-    Items are dicts: ``tokens`` (S*S,) int64 pixel values 0-255 (row-major), ``mask`` (S*S,) bool all True,
-    ``label`` int.
+    Items are tuples ``(tokens (S*S,) int64 pixel values 0-255 row-major, mask (S*S,) bool all True, label int64)``.
 
     Args:
         root: a directory written by :func:`write_pathfinder` or the LRA release directory (detected by its
@@ -515,6 +514,6 @@ class PathfinderDataset(Dataset):
     def __len__(self) -> int:
         return len(self.labels)
 
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor | int]:
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         tokens = torch.from_numpy(self.images[i].astype(np.int64))  # (S*S,)
-        return {"tokens": tokens, "mask": torch.ones_like(tokens, dtype=torch.bool), "label": int(self.labels[i])}
+        return tokens, torch.ones_like(tokens, dtype=torch.bool), torch.tensor(self.labels[i])

@@ -100,8 +100,8 @@ def test_write_read_generated(tmp_path):
     assert meta["splits"]["train"] == {"size": 30, "positives": 15}
     assert (out / "contact_sheet.png").stat().st_size > 0
     ds = PathfinderDataset(out, "train")
-    item = ds[0]
-    assert item["tokens"].shape == (1024,) and item["mask"].all() and item["label"] in (0, 1)
+    tokens, mask, label = ds[0]
+    assert tokens.shape == (1024,) and mask.all() and int(label) in (0, 1)
     assert ds.info["source"] == "generated"
     with pytest.raises(MissingDataError, match="primaldual data generate pathfinder"):
         PathfinderDataset(out, "val")
