@@ -4,8 +4,11 @@ The SVR paper (Nguyen et al., ICLR 2023) claims Attention-BN and Attention-SH re
 measure here is the **mean pairwise cosine similarity between heads**, per layer, of
 
 * the heads' **attention maps** ``(N, N)`` (mechanisms whose capabilities return weights), and
-* the heads' **outputs** ``(N, E)`` (every mechanism): the per-head slices of the input of the layer's output
-  projection ``proj``, i.e. the H concatenated head outputs ``(B, N, H * E)`` before they are mixed.
+* the heads' **outputs** ``(N, E)``: the per-head slices of the H concatenated head outputs ``(B, N, H * E)``
+  before they are mixed, read from the input of the layer's submodule ``head_outputs`` if it has one (an
+  ``nn.Identity`` a layer can apply to its concatenated head outputs) and otherwise of its output projection
+  ``proj`` (every :class:`~primaldual.attention.base.QKVAttention` calls it). A layer that calls neither (e.g.
+  one that fuses the output projection into another matrix) gets ``outputs=None``.
 
 For each sample, a head's map or output is flattened over the real (unpadded) query positions into one vector
 and the cosine similarity of every pair of heads is taken; the reported value averages the ``H (H - 1) / 2``
@@ -162,7 +165,7 @@ def track_redundancy(model: nn.Module, weights: bool = True) -> Iterator[Redunda
 
         handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(module.register_forward_hook(post, with_kwargs=True))
-        proj = getattr(module, "proj", None)
+        proj = getattr(module, "head_outputs", None) or getattr(module, "proj", None)
         if isinstance(proj, nn.Module):
 
             def proj_pre(mod, args, layer=module, state=state):

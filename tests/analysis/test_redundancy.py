@@ -25,10 +25,14 @@ def test_works_on_an_encoder_with_any_attention(name):
     ref = enc.eval()(x, m)
     report = head_redundancy(enc, x, m)
     assert len(report) == 2 and all(r.mechanism == name and r.samples == 2 for r in report)
-    caps = pd.attention.attention_class(name).capabilities
+    cls = pd.attention.attention_class(name)
+    caps = cls.capabilities
     for r in report:
-        assert r.outputs is not None and -1.0 <= r.outputs <= 1.0
-        assert r.outputs_matrix.shape == (HEADS, HEADS)
+        if issubclass(cls, pd.attention.QKVAttention) or r.outputs is not None:
+            assert r.outputs is not None and -1.0 <= r.outputs <= 1.0
+            assert r.outputs_matrix.shape == (HEADS, HEADS)
+        else:  # a layer that never calls `proj` / `head_outputs` has no readable head outputs
+            assert caps.weights, f"{name}: neither head outputs nor attention maps are measurable"
         if caps.weights:
             assert r.weights is not None and -1.0 - 1e-9 <= r.weights <= 1.0 + 1e-9
         else:
