@@ -176,26 +176,27 @@ class PrimalAttention(AttentionLayer, AuxLossMixin):
         nn.init.uniform_(self.lam)
 
     # ----------------------------------------------------------------------------------------------
-    def _weights(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
-        """W_e, W_r as used by the scores: ``(B, H, p, s)`` data-dependent or ``(H, p, s)``."""
+    def _weights(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        """``stack(W_e, W_r)`` as used by the scores: ``(B, 2, H, p, s)`` data-dependent or ``(2, H, p, s)``."""
+        w = torch.stack((self.w_e, self.w_r))  # (2, H, n or p, s)
         if not self.data_dependent:
-            return self.w_e, self.w_r
+            return w
         samples = sample_tokens(x, self.n, mask, self.padding)  # (B, n, C)
-        return data_dependent_weights(samples, self.w_e), data_dependent_weights(samples, self.w_r)
+        return data_dependent_weights(samples, w)  # (B, 2, H, p, s)
 
     def _fused_output(self) -> tuple[Tensor, Tensor]:
         """The concat Linear(2s -> p) of every head followed by the output Linear, as one ``(C, H*2s)`` map."""
         w_o = self.proj.weight.view(self.dim, self.num_heads, self.head_dim)  # (C, H, p)
-        weight = torch.einsum("chp,pk->chk", w_o, self.concat.weight).reshape(self.dim, -1)  # (C, H*2s)
-        return weight, torch.einsum("chp,p->c", w_o, self.concat.bias) + self.proj.bias
+        weight = (w_o @ self.concat.weight).reshape(self.dim, -1)  # (C, H, 2s) -> (C, H*2s)
+        return weight, w_o.sum(1) @ self.concat.bias + self.proj.bias
 
     def _forward(self, x: Tensor, mask: Tensor | None, need_weights: bool) -> tuple[Tensor, Tensor | None]:
         B, N, _ = x.shape
         exact_mask = mask if self.padding == "exact" else None
         # causal: q, k are affine in x, so the prefix means of q and k are q, k of the prefix means of x
         src = causal_prefix_mean(x, exact_mask) if self.causal else x  # (B, N, C)
-        w_e, w_r = self._weights(x, mask)
-        scores, qk = primal_scores_from_input(src, self.qk.weight, self.qk.bias, w_e, w_r, self.eps)
+        w = self._weights(x, mask)
+        scores, qk = primal_scores_from_input(src, self.qk.weight, self.qk.bias, w, self.eps)
         self.set_aux_loss(ksvd_loss_from_scores(scores, self.w_e, self.w_r, self.lam, exact_mask, self.ksvd_reduction))
         weight, bias = self._fused_output()
         out = F.linear(scores.view(B, N, -1), weight, bias)  # (B, N, H*2s) -> (B, N, C)

@@ -10,8 +10,10 @@ The layer (:class:`primaldual.attention.primal.PrimalAttention`) is a compositio
 * :func:`cosine_feature_map`: row-wise L2 normalisation with a zero-norm guard;
 * :func:`causal_prefix_mean`: the causal variant's prefix means of q and k (before the feature map);
 * :func:`primal_scores`: ``e = phi_q(Q) W_e``, ``r = phi_k(K) W_r`` concatenated to ``(B, H, N, 2s)``;
-* :func:`ksvd_objective` / :func:`ksvd_loss`: the KSVD objective J and its squared regulariser in the
-  reference code's convention (``Lambda`` plays ``Lambda^{1/2}`` of the paper, means instead of sums);
+  :func:`primal_scores_from_input` is the layer's fused equivalent, token-major ``(B, N, H, 2, s)``;
+* :func:`ksvd_objective` / :func:`ksvd_loss` (and :func:`ksvd_loss_from_scores` on token-major scores):
+  the KSVD objective J and its squared regulariser in the reference code's convention (``Lambda`` plays
+  ``Lambda^{1/2}`` of the paper, means instead of sums);
 * :func:`primal_kernel`: the implicit asymmetric kernel matrix ``phi_q(Q) phi_k(K)^T`` (for analysis).
 
 Masks are ``(B, N)`` bool with **True = real token**. Nothing here materialises an ``N x N`` or
@@ -101,17 +103,18 @@ def data_dependent_weights(samples: Tensor, weight: Tensor) -> Tensor:
 
     Args:
         samples: ``(B, n, C)`` sampled layer inputs, ``C = H * p``; head h uses channels ``h*p ... h*p+p-1``.
-        weight: ``(H, n, s)`` learnable ``W_e`` or ``W_r``.
+        weight: ``(H, n, s)`` learnable ``W_e`` or ``W_r``, or ``(T, H, n, s)`` for several at once
+            (e.g. ``torch.stack((W_e, W_r))``).
 
     Returns:
-        ``(B, H, p, s)``.
+        ``(B, H, p, s)``, or ``(B, T, H, p, s)``.
     """
     B, n, C = samples.shape
-    H = weight.shape[0]
-    if weight.shape[1] != n or C % H:
+    H = weight.shape[-3]
+    if weight.shape[-2] != n or C % H:
         raise ValueError(f"samples {tuple(samples.shape)} do not fit weight {tuple(weight.shape)} (need C = H * p)")
     f = samples.reshape(B, n, H, C // H)  # (B, n, H, p)
-    return torch.einsum("bnhp,hns->bhps", f, weight)
+    return torch.einsum("bnhp,...hns->b...hps", f, weight)
 
 
 def cosine_feature_map(x: Tensor, eps: float = 1e-12) -> Tensor:
@@ -160,19 +163,19 @@ def primal_scores(phi_q: Tensor, phi_k: Tensor, w_e: Tensor, w_r: Tensor) -> Ten
 
 
 def primal_scores_from_input(
-    x: Tensor, qk_weight: Tensor, qk_bias: Tensor | None, w_e: Tensor, w_r: Tensor, eps: float = 1e-12
+    x: Tensor, qk_weight: Tensor, qk_bias: Tensor | None, w: Tensor, eps: float = 1e-12
 ) -> tuple[Tensor, Tensor]:
     """The layer's fast path: token-major scores ``[e; r]`` straight from the layer input.
 
-    Mathematically ``primal_scores(phi(Q), phi(K), w_e, w_r)`` with ``[Q, K] = x W^T + b``, computed as
-    ``e_i = (x_i A + c) / max(||q_i||, eps)`` where ``A = W_q^T W_e`` is folded per head (a ``(C, 2 H s)``
-    matrix, ``(B, C, 2 H s)`` if data-dependent): one GEMM over the tokens with no block-diagonal waste and
-    no normalised ``(B, N, 2C)`` copy, and only per-token norms of ``[Q, K]``.
+    Mathematically ``primal_scores(phi(Q), phi(K), w[..., 0, :, :, :], w[..., 1, :, :, :])`` with
+    ``[Q, K] = x W^T + b``, computed as ``e_i = (x_i A + c) / max(||q_i||, eps)`` where ``A = W_q^T W_e`` is
+    folded per head (a ``(C, 2 H s)`` matrix, ``(B, C, 2 H s)`` if data-dependent): one GEMM over the tokens
+    with no block-diagonal waste and no normalised ``(B, N, 2C)`` copy, and only per-token norms of ``[Q, K]``.
 
     Args:
         x: ``(B, N, C)`` layer input (prefix means of it for the causal variant: q, k are affine in x).
         qk_weight: ``(2 H p, C)`` fused Q/K projection; qk_bias: ``(2 H p,)`` or None.
-        w_e, w_r: ``(B, H, p, s)`` or ``(H, p, s)``.
+        w: ``torch.stack((W_e, W_r), -4)``: ``(B, 2, H, p, s)`` data-dependent or ``(2, H, p, s)``.
         eps: zero-norm guard.
 
     Returns:
@@ -180,10 +183,9 @@ def primal_scores_from_input(
         qk ``(B, N, 2, H, p)`` the unnormalised queries / keys.
     """
     B, N, C = x.shape
-    H, p, s = w_e.shape[-3:]
+    H, p, s = w.shape[-3:]
     qk = F.linear(x, qk_weight, qk_bias).view(B, N, 2, H, p)  # (B, N, 2, H, p)
     inv = torch.linalg.vector_norm(qk, dim=-1).clamp_min(eps).reciprocal()  # (B, N, 2, H)
-    w = torch.stack((w_e, w_r), -4)  # (B, 2, H, p, s) or (2, H, p, s)
     wq = qk_weight.view(2, H, p, C)  # (2, H, p, C)
     if w.dim() == 5:
         a = torch.einsum("thpc,bthps->bchts", wq, w).reshape(B, C, H * 2 * s)  # (B, C, H*2*s)

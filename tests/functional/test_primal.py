@@ -46,6 +46,8 @@ def test_data_dependent_weights_use_contiguous_channel_chunks():
     assert out.shape == (2, 3, 2, 4)
     for h in range(3):
         assert torch.allclose(out[:, h], samples[:, :, 2 * h : 2 * h + 2].transpose(1, 2) @ w[h])
+    both = data_dependent_weights(samples, torch.stack((w, 2 * w)))  # (B, 2, H, p, s)
+    assert torch.allclose(both[:, 0], out) and torch.allclose(both[:, 1], 2 * out)
 
 
 def test_cosine_feature_map_guards_zero():
@@ -134,7 +136,7 @@ def test_fused_scores_equal_feature_path(data_dependent, bias):
     b = torch.randn(2 * C, dtype=torch.float64) if bias else None
     shape = (B, H, p, s) if data_dependent else (H, p, s)
     we, wr = torch.randn(2, *shape, dtype=torch.float64)
-    scores, qk = primal_scores_from_input(x, w, b, we, wr)
+    scores, qk = primal_scores_from_input(x, w, b, torch.stack((we, wr), -4))
     q, k = torch.nn.functional.linear(x, w, b).view(B, N, 2, H, p).permute(2, 0, 3, 1, 4)  # (B, H, N, p) each
     want = primal_scores(cosine_feature_map(q), cosine_feature_map(k), we, wr)  # (B, H, N, 2s)
     assert rel_err(scores.reshape(B, N, H, 2 * s).transpose(1, 2), want) < 1e-12
