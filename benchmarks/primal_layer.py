@@ -3,7 +3,7 @@
 Issue 3's benchmark: B=4, dim 64, 2 heads, s=20, float32, N in 1024 / 4096 / 16384 by default. For each N:
 
 * time: median over ``--repeats`` forward+backward passes after ``--warmup`` passes, in this process,
-  for ``primal``, ``softmax`` and ``proj`` (the primal layer's dense projections alone: the fused Q/K
+  interleaved across mechanisms (load from other processes hits all alike), for ``primal``, ``softmax`` and ``proj`` (the primal layer's dense projections alone: the fused Q/K
   Linear(dim -> 2 dim) and the output Linear(dim -> dim) on the same input, forward+backward);
 * memory: one fresh subprocess per (mechanism, N) runs one forward+backward and reports its peak resident
   set (``ru_maxrss``) minus the resident set just before the pass, i.e. the pass's own peak activation memory.
@@ -59,23 +59,31 @@ def _pass(layer: nn.Module, x: torch.Tensor) -> None:
     loss.backward()
 
 
-def time_case(mech: str, n: int, args: argparse.Namespace) -> float:
-    """Median seconds of one forward+backward."""
-    layer = _build(mech, args)
+def time_cases(n: int, args: argparse.Namespace) -> dict[str, float]:
+    """Median seconds of one forward+backward per mechanism.
+
+    The repeats are interleaved (primal, softmax, proj, primal, ...) so that load from other processes on a
+    shared machine hits every mechanism alike instead of biasing whichever ran during a burst.
+    """
+    layers = {m: _build(m, args) for m in MECHS}
     x = torch.randn(args.batch, n, args.dim, requires_grad=True)
     pd.set_input_checks(False)
-    long = mech == "softmax" and n >= 16384
-    repeats = max(1, args.repeats_long) if long else args.repeats
-    for _ in range(min(args.warmup, 1) if long else args.warmup):
-        _pass(layer, x)
-    times = []
-    for _ in range(repeats):
-        layer.zero_grad(set_to_none=True)
-        x.grad = None
-        t0 = time.perf_counter()
-        _pass(layer, x)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    long = n >= 16384  # softmax is slow on CPU there: fewer rounds
+    rounds = max(1, args.repeats_long) if long else args.repeats
+    for m in MECHS:
+        for _ in range(min(args.warmup, 1) if long and m == "softmax" else args.warmup):
+            _pass(layers[m], x)
+    times: dict[str, list[float]] = {m: [] for m in MECHS}
+    for _ in range(rounds):
+        for m in MECHS:
+            # the fast layers get extra timed passes per round (they are cheap): a steadier median
+            for _ in range(1 if m == "softmax" else (args.repeats if long else 1)):
+                layers[m].zero_grad(set_to_none=True)
+                x.grad = None
+                t0 = time.perf_counter()
+                _pass(layers[m], x)
+                times[m].append(time.perf_counter() - t0)
+    return {m: statistics.median(v) for m, v in times.items()}
 
 
 def _memory_child(mech: str, n: int, args: argparse.Namespace) -> None:
@@ -113,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--s", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--repeats-long", type=int, default=2, help="repeats for softmax at N >= 16384 (slow on CPU)")
+    ap.add_argument("--repeats-long", type=int, default=2, help="softmax repeats at N >= 16384 (slow on CPU)")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--no-memory", action="store_true", help="skip the per-case memory subprocesses")
     ap.add_argument("--json", default=None, help="write the figures to this file")
@@ -134,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     header = "N       primal_ms  softmax_ms  proj_ms  speedup  primal/proj  primal_MiB  softmax_MiB"
     print(header)
     for n in args.lengths:
-        t = {m: time_case(m, n, args) for m in MECHS}
+        t = time_cases(n, args)
         mem = {m: (None if args.no_memory else memory_case(m, n, args)) for m in ("primal", "softmax")}
         row = {
             "N": n,
