@@ -30,7 +30,7 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
 # Modules that add subcommands: each defines ``register(subparsers)`` that adds its parsers and sets
 # ``func`` (taking the parsed namespace, returning an exit code). Imported lazily so that a missing
 # optional extra only breaks its own subcommand.
-SUBCOMMAND_MODULES: list[str] = ["primaldual.bench.cli", "primaldual.data.cli"]
+SUBCOMMAND_MODULES: list[str] = ["primaldual.bench.cli", "primaldual.train.cli", "primaldual.data.cli"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,7 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # Subcommands that set ``accepts_overrides`` (fit / validate / test / seeds) take free-form
+    # ``--section.key value`` overrides; everywhere else an unknown argument is an error.
+    if extra and not getattr(args, "accepts_overrides", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.overrides = extra
     return args.func(args)
 
 

@@ -1,0 +1,143 @@
+"""Lightning plug-ins that make runs durable and reproducible.
+
+* :class:`AtomicCheckpointIO`: Lightning's ``TorchCheckpointIO`` writes through an fsspec transaction whose
+  temporary file lives in the system temp dir; when that is another file system, the final ``shutil.move`` is a
+  copy into the destination, which a SIGKILL can leave half-written. We write to a temporary file *in the
+  checkpoint's own directory*, fsync it and ``os.replace`` it into place (atomic on POSIX).
+* :class:`EpochSeed`: reseeds torch / numpy / random before every training step from (seed, step, rank), so
+  dropout masks after a resume are the ones an uninterrupted run would draw.
+* :class:`EpochHistory`: one row per epoch (train and evaluation metrics), kept in the checkpoint so a resumed run
+  has the full history; writes ``history.csv`` atomically, selects the best epoch by the protocol and saves
+  ``checkpoints/best.ckpt``; prints one progress line per epoch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import os
+import random
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from .protocols import Protocol
+
+__all__ = ["AtomicCheckpointIO", "EpochHistory", "EpochSeed", "atomic_write"]
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
+def atomic_write(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to a temporary sibling of ``path``, fsync, then rename it over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the file the usual permissions
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):  # persist the rename itself
+        dfd = os.open(path.parent, os.O_RDONLY)
+        os.fsync(dfd)
+        os.close(dfd)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Checkpoints are serialised in memory and renamed into place: a crash leaves the old file or the new one."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} does not take storage_options, got {storage_options!r}")
+        buf = io.BytesIO()
+        torch.save(checkpoint, buf)
+        atomic_write(path, buf.getvalue())
+
+
+class EpochSeed(L.Callback):
+    """Reseed every RNG before each training step from ``(seed, global step, global rank)``.
+
+    Per step rather than per epoch: after a restart Lightning skips some epoch hooks of the epoch it resumes at,
+    so anything keyed to them would drift; the step counter is restored exactly.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int):
+        s = (self.seed * 1_000_003 + trainer.global_step * 1_009 + trainer.global_rank) % (2**31 - 1)
+        random.seed(s)
+        np.random.seed(s)
+        torch.manual_seed(s)
+
+
+_TRAIN_KEYS = ("train/loss_epoch", "train/task_loss", "train/aux_loss", "train/acc")
+
+
+class EpochHistory(L.Callback):
+    """Per-epoch metrics, best-epoch selection and ``best.ckpt`` (state saved in every checkpoint).
+
+    Args:
+        run_dir: the run directory (``history.csv``, ``checkpoints/best.ckpt``).
+        protocol: selects the best epoch. eval_splits: splits logged each epoch.
+        verbose: print one line per epoch on rank 0.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, protocol: Protocol, eval_splits: list[str], verbose: bool = True):
+        self.run_dir = Path(run_dir)
+        self.protocol, self.eval_splits, self.verbose = protocol, eval_splits, verbose
+        self.rows: list[dict[str, Any]] = []
+
+    @property
+    def best_path(self) -> Path:
+        return self.run_dir / "checkpoints" / "best.ckpt"
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        m = trainer.callback_metrics
+        row: dict[str, Any] = {"epoch": trainer.current_epoch, "step": trainer.global_step}
+        for key in _TRAIN_KEYS + tuple(f"{s}/{k}" for s in self.eval_splits for k in ("loss", "acc")):
+            if key in m:
+                row[key.replace("_epoch", "")] = float(m[key])
+        self.rows.append(row)
+        is_best = self.protocol.best(self.rows) is row
+        if is_best:
+            trainer.save_checkpoint(
+                self.best_path, weights_only=False
+            )  # collective: every rank calls it, rank 0 writes
+        if trainer.is_global_zero:
+            self._write_csv()
+            if self.verbose:
+                shown = "  ".join(f"{k} {v:.4f}" for k, v in row.items() if "/" in k)
+                mark = "  *best*" if is_best else ""
+                print(f"epoch {row['epoch'] + 1}/{trainer.max_epochs}  {shown}{mark}", file=sys.stdout, flush=True)
+
+    def _write_csv(self) -> None:
+        keys: list[str] = []
+        for r in self.rows:
+            keys += [k for k in r if k not in keys]
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=keys)
+        w.writeheader()
+        w.writerows(self.rows)
+        atomic_write(self.run_dir / "history.csv", buf.getvalue().encode())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rows": [dict(r) for r in self.rows]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.rows = [dict(r) for r in state_dict["rows"]]

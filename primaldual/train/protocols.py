@@ -1,0 +1,48 @@
+"""Evaluation protocols: which data trains, which split selects the epoch, and how the result is labelled.
+
+* ``heldout`` (default, honest): a stratified validation split (``data.val_fraction``, seeded) is carved out of
+  TRAIN; the epoch with the best validation accuracy (ties: lower validation loss, then the earlier epoch) is
+  selected and its checkpoint is evaluated once on TEST.
+* ``paper`` (the UEA reference protocol of Flowformer / Time-Series-Library / Primal-Attention): trains on all of
+  TRAIN, evaluates TEST after every epoch and reports the best TEST accuracy over epochs. It selects on the test
+  split, so every output carries the label ``paper protocol (selects on test)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["PROTOCOLS", "Protocol", "get_protocol"]
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """name; label (printed with every result); eval_split: the split evaluated each epoch ("val" or "test")."""
+
+    name: str
+    label: str
+    eval_split: str
+
+    def sort_key(self, row: dict[str, Any]) -> tuple[float, ...]:
+        """Smaller is better: the best epoch of a history is ``min(rows, key=sort_key)``."""
+        s = self.eval_split
+        return (-float(row[f"{s}/acc"]), float(row[f"{s}/loss"]), int(row["epoch"]))
+
+    def best(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        if not rows:
+            raise ValueError("no completed epoch to select from")
+        return min(rows, key=self.sort_key)
+
+
+PROTOCOLS: dict[str, Protocol] = {
+    "heldout": Protocol("heldout", "heldout protocol (validation split from TRAIN selects the epoch)", "val"),
+    "paper": Protocol("paper", "paper protocol (selects on test)", "test"),
+}
+
+
+def get_protocol(name: str) -> Protocol:
+    try:
+        return PROTOCOLS[name]
+    except KeyError:
+        raise ValueError(f"protocol: expected one of {sorted(PROTOCOLS)}, got {name!r}") from None

@@ -1,0 +1,94 @@
+"""Multi-seed runner: every (config, protocol, seed) as its own ``primaldual fit`` process, then mean +- std.
+
+Runs are separate processes (``--jobs`` at a time, ``--threads`` torch threads each) so that one crash or
+SIGKILL loses nothing: re-running the same command skips finished runs (their ``summary.json`` exists) and
+resumes unfinished ones from ``last.ckpt``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from .config import load_config
+from .protocols import get_protocol
+from .run import default_run_dir
+
+__all__ = ["format_table", "run_seeds"]
+
+
+def _one(cmd: list[str], log: Path) -> int:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as f:
+        f.write(f"$ {' '.join(cmd)}\n")
+        f.flush()
+        return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+
+
+def run_seeds(
+    configs: list[str],
+    seeds: list[int],
+    protocols: list[str],
+    overrides: list[str],
+    *,
+    base: str = "runs",
+    jobs: int = 1,
+    threads: int | None = None,
+) -> list[dict[str, Any]]:
+    """Run (or resume, or reuse) every combination; return the summaries."""
+    plan = []
+    for spec in configs:
+        for protocol in protocols:
+            for seed in seeds:
+                extra = [*overrides, "--protocol", protocol, "--seed", str(seed)]
+                cfg = load_config(spec, extra)
+                run_dir = default_run_dir(cfg, base)
+                cmd = [sys.executable, "-m", "primaldual.cli", "fit", "--config", spec, *extra]
+                cmd += ["--trainer.enable_progress_bar", "false", "--run-dir", str(run_dir)]
+                if threads:
+                    cmd += ["--threads", str(threads)]
+                plan.append((cfg, run_dir, cmd))
+
+    def go(item: tuple[Any, Path, list[str]]) -> dict[str, Any]:
+        cfg, run_dir, cmd = item
+        done = run_dir / "summary.json"
+        if not done.is_file():
+            t0 = time.time()
+            print(f"[start] {cfg.name} {cfg.protocol} seed {cfg.seed} -> {run_dir}", flush=True)
+            rc = _one(cmd, run_dir.with_suffix(".log"))
+            if rc != 0 or not done.is_file():
+                raise RuntimeError(f"run failed (exit {rc}); see {run_dir.with_suffix('.log')}")
+            print(f"[done ] {cfg.name} {cfg.protocol} seed {cfg.seed} in {time.time() - t0:.0f}s", flush=True)
+        return json.loads(done.read_text())
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(go, plan))
+
+
+def format_table(summaries: list[dict[str, Any]], command: str | None = None) -> str:
+    """Markdown table: one row per config, one column per protocol, test accuracy mean +- std (n seeds)."""
+    names = list(dict.fromkeys(s["name"] for s in summaries))
+    protocols = list(dict.fromkeys(s["protocol"] for s in summaries))
+    datasets = sorted({s["dataset"] for s in summaries})
+    head = ["model"] + [get_protocol(p).label for p in protocols]
+    lines = [f"Test accuracy (%) on {', '.join(datasets)}, mean +- std over seeds", ""]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in names:
+        cells = [name]
+        for p in protocols:
+            acc = [100 * s["test_acc"] for s in summaries if s["name"] == name and s["protocol"] == p]
+            if not acc:
+                cells.append("-")
+                continue
+            sd = statistics.stdev(acc) if len(acc) > 1 else 0.0
+            cells.append(f"{statistics.mean(acc):.2f} +- {sd:.2f} (n={len(acc)})")
+        lines.append("| " + " | ".join(cells) + " |")
+    if command:
+        lines += ["", f"Command: `{command}`"]
+    return "\n".join(lines)

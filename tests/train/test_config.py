@@ -1,0 +1,89 @@
+"""Configs: every bundled config loads and builds; unknown keys are errors naming the key; overrides."""
+
+from __future__ import annotations
+
+import pytest
+
+from primaldual.data import UEA_DATASETS
+from primaldual.train.cli import DEFAULT_CONFIG
+from primaldual.train.config import ConfigError, list_configs, load_config
+
+from .helpers import write_config
+
+
+def test_every_dataset_has_three_reference_configs():
+    names = set(list_configs())
+    for ds in UEA_DATASETS:
+        for variant in ("transformer", "primalformer", "primal_plus"):
+            assert f"uea/{ds}/{variant}" in names
+    assert DEFAULT_CONFIG in names
+
+
+@pytest.mark.parametrize("name", [n for n in list_configs() if n.startswith("uea/")])
+def test_bundled_config_is_faithful_and_builds(name):
+    from primaldual.models import TimeSeriesClassifier
+
+    cfg = load_config(name)
+    m = cfg.model
+    assert (m.dim, m.num_heads, m.ffn_dim, m.dropout, m.depth) == (512, 8, 2048, 0.1, 2)
+    assert cfg.optim.lr == 1e-3 and cfg.data.batch_size == 16 and cfg.protocol == "heldout"
+    assert cfg.optim.name == ("adam" if cfg.data.name == "SpokenArabicDigits" else "radam")
+    if name != DEFAULT_CONFIG:
+        assert cfg.trainer.max_epochs == (400 if cfg.data.name == "PEMS-SF" else 100)
+    if name.endswith("primal_plus"):
+        assert m.attention == ["softmax", "primal"]
+    max_len = 29 if cfg.data.name == "JapaneseVowels" else 7
+    model = TimeSeriesClassifier(
+        3, 4, max_len, dim=16, num_heads=2, ffn_dim=8, attention=m.attention, attention_options=m.attention_options
+    )  # the options are accepted by the layers
+    assert len(model.encoder.blocks) == 2
+
+
+def test_reference_primal_settings_japanese_vowels():
+    pf = load_config("uea/JapaneseVowels/primalformer").model
+    assert pf.attention == "primal"
+    assert {k: pf.attention_options[k] for k in ("s", "eta", "rank_multi")} == {"s": 40, "eta": 0.5, "rank_multi": 5}
+    pp = load_config("uea/JapaneseVowels/primal_plus").model
+    assert {k: pp.attention_options[1][k] for k in ("s", "eta", "rank_multi")} == {"s": 30, "eta": 0.2, "rank_multi": 5}
+
+
+def test_unknown_key_in_file_names_the_key(tmp_path):
+    path = write_config(tmp_path)
+    path.write_text(path.read_text() + "optimiser: {lr: 1}\n")
+    with pytest.raises(ConfigError, match=r"unknown config key 'optimiser'"):
+        load_config(path)
+    path = write_config(tmp_path, **{"model.atention": "softmax"})
+    with pytest.raises(ConfigError, match=r"tiny.yaml: unknown config key 'model.atention'"):
+        load_config(path)
+
+
+def test_overrides(tmp_path):
+    path = write_config(tmp_path)
+    cfg = load_config(path, ["--model.dim", "24", "--trainer.max_epochs=7", "--seed", "5", "--protocol", "paper"])
+    assert (cfg.model.dim, cfg.trainer.max_epochs, cfg.seed, cfg.protocol) == (24, 7, 5, "paper")
+    with pytest.raises(ConfigError, match=r"unknown config key 'trainer.max_epoch'"):
+        load_config(path, ["--trainer.max_epoch", "3"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'foo.bar'"):
+        load_config(path, ["--foo.bar", "3"])
+    with pytest.raises(ConfigError, match="protocol: expected one of"):
+        load_config(path, ["--protocol", "best"])
+    with pytest.raises(ConfigError, match="needs a value"):
+        load_config(path, ["--seed"])
+
+
+def test_one_flag_attention_switch_drops_old_options():
+    cfg = load_config("uea/JapaneseVowels/primalformer", ["--attention", "linear"])
+    assert cfg.model.attention == "linear" and cfg.model.attention_options is None
+    assert cfg.name == "primalformer-linear"
+    base = load_config("uea/JapaneseVowels/primalformer")
+    assert cfg.fingerprint() != base.fingerprint()  # a different run directory
+
+
+def test_help_lists_attentions_and_configs(capsys):
+    from primaldual.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    out = capsys.readouterr().out
+    assert "attentions:" in out and "primal" in out and "softmax" in out
+    assert "uea/JapaneseVowels/primalformer" in out
