@@ -100,6 +100,23 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _friendly(func):
+    """Bad configs and missing or malformed data end with one clear line, not a traceback."""
+
+    def run(args: argparse.Namespace) -> int:
+        from ..data.cache import MissingDataError
+        from ..data.uea import TSFormatError
+        from .config import ConfigError
+
+        try:
+            return func(args)
+        except (ConfigError, MissingDataError, TSFormatError) as e:
+            print(f"primaldual {args.command}: error: {e}", file=sys.stderr)
+            return 2
+
+    return run
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the training subcommands to the ``primaldual`` parser."""
     fmt = argparse.RawDescriptionHelpFormatter
@@ -109,14 +126,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _common(p)
     p.add_argument("--fresh", action="store_true", help="delete the run directory and start over")
-    p.set_defaults(func=_cmd_fit)
+    p.set_defaults(func=_friendly(_cmd_fit))
     for stage in ("validate", "test"):
         p = subparsers.add_parser(
             stage, help=f"{stage} a checkpoint of a run", epilog=epilog, formatter_class=fmt, allow_abbrev=False
         )
         _common(p)
         p.add_argument("--ckpt", default="best", help="best, last, or a checkpoint path")
-        p.set_defaults(func=_cmd_eval)
+        p.set_defaults(func=_friendly(_cmd_eval))
     p = subparsers.add_parser(
         "seeds", help="several configs x protocols x seeds -> mean +- std table", epilog=epilog, formatter_class=fmt
     )
@@ -127,7 +144,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel")
     p.add_argument("--threads", type=int, default=None, help="torch threads per run")
     p.add_argument("--out", default=None, help="also write the Markdown table here")
-    p.set_defaults(func=_cmd_seeds, accepts_overrides=True)
+    p.set_defaults(func=_friendly(_cmd_seeds), accepts_overrides=True)
     p = subparsers.add_parser("configs", help="list the bundled training configs")
     p.set_defaults(func=_cmd_configs)
     p = subparsers.add_parser("fetch-uea", help="fetch and verify JapaneseVowels (from the aeon wheel on PyPI)")

@@ -87,3 +87,12 @@ def test_help_lists_attentions_and_configs(capsys):
     out = capsys.readouterr().out
     assert "attentions:" in out and "primal" in out and "softmax" in out
     assert "uea/JapaneseVowels/primalformer" in out
+
+
+def test_cli_reports_bad_keys_and_missing_data_in_one_line(capsys, tmp_path):
+    from primaldual.cli import main
+
+    assert main(["fit", "--config", "uea/JapaneseVowels/primalformer", "--model.atention", "x"]) == 2
+    assert "unknown config key 'model.atention'" in capsys.readouterr().err
+    assert main(["fit", "--config", "uea/Heartbeat/primalformer", "--data.root", str(tmp_path)]) == 2
+    assert "timeseriesclassification.com" in capsys.readouterr().err
