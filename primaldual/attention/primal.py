@@ -162,6 +162,9 @@ class PrimalAttention(AttentionLayer, AuxLossMixin):
         self.lam = nn.Parameter(torch.empty(H, s, **fk))
         self.concat = nn.Linear(2 * s, p, **fk)
         self.proj = nn.Linear(self.inner_dim, dim, **fk)
+        # the concatenated per-head outputs (B, N, H*p) pass through this when someone observes them (hooks,
+        # e.g. the head-redundancy analysis); otherwise the concat and output Linears run fused
+        self.head_outputs = nn.Identity()
         self.reset_primal_parameters()
 
     @property
@@ -198,8 +201,13 @@ class PrimalAttention(AttentionLayer, AuxLossMixin):
         w = self._weights(x, mask)
         scores, qk = primal_scores_from_input(src, self.qk.weight, self.qk.bias, w, self.eps)
         self.set_aux_loss(ksvd_loss_from_scores(scores, self.w_e, self.w_r, self.lam, exact_mask, self.ksvd_reduction))
-        weight, bias = self._fused_output()
-        out = F.linear(scores.view(B, N, -1), weight, bias)  # (B, N, H*2s) -> (B, N, C)
+        ho = self.head_outputs
+        if ho._forward_pre_hooks or ho._forward_hooks:
+            heads = self.concat(scores.view(B, N, self.num_heads, 2 * self.s))  # (B, N, H, p)
+            out = self.proj(ho(heads.reshape(B, N, self.inner_dim)))  # (B, N, H*p) -> (B, N, C)
+        else:
+            weight, bias = self._fused_output()
+            out = F.linear(scores.view(B, N, -1), weight, bias)  # (B, N, H*2s) -> (B, N, C)
         weights = None
         if need_weights:
             phi = cosine_feature_map(qk, self.eps).permute(2, 0, 3, 1, 4)  # (2, B, H, N, p)

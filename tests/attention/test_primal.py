@@ -204,3 +204,15 @@ def test_option_errors(opts, err):
 def test_head_dim_free_when_data_independent():
     layer = pd.build_attention("primal", DIM, H, head_dim=5, data_dependent=False)
     assert layer(torch.randn(2, 7, DIM)).shape == (2, 7, DIM)
+
+
+def test_observed_head_outputs_use_the_unfused_path_with_equal_output():
+    layer = _layer(s=4)
+    x = torch.randn(B, N, DIM, dtype=torch.float64)
+    fused = layer(x, _mask())
+    seen = []
+    handle = layer.head_outputs.register_forward_pre_hook(lambda mod, args: seen.append(args[0]))
+    unfused = layer(x, _mask())
+    handle.remove()
+    assert rel_err(unfused, fused) < 1e-12
+    assert seen[0].shape == (B, N, DIM)  # (B, N, H * p) concatenated head outputs
