@@ -189,20 +189,27 @@ def _worker(case: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _worker_main(case_json: str) -> None:
+def run_worker(case_json: str, worker) -> None:
+    """Worker-process entry shared by the benchmarks: cap memory, run ``worker(case)``, print one RESULT line.
+
+    Allocation failures become ``{"status": "oom"}`` records instead of crashes.
+    """
     case = json.loads(case_json)
     if case["device"] == "cpu" and case["mem_limit_gb"] > 0:
         lim = int(case["mem_limit_gb"] * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
     try:
-        res = {"status": "ok", **_worker(case)}
+        res = {"status": "ok", **worker(case)}
     except (RuntimeError, MemoryError) as e:  # allocation failures surface as either
         msg = str(e).lower()
-        if isinstance(e, MemoryError) or "memory" in msg or "alloc" in msg:
-            res = {"status": "oom", "error": str(e)[:200]}
-        else:
+        if not (isinstance(e, MemoryError) or "memory" in msg or "alloc" in msg):
             raise
+        res = {"status": "oom", "error": str(e)[:200]}
     print("RESULT " + json.dumps(res), flush=True)
+
+
+def _worker_main(case_json: str) -> None:
+    run_worker(case_json, _worker)
 
 
 # ---------------------------------------------------------------------------------------------- driver

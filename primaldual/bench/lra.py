@@ -22,14 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from .layers import _status_kb, machine_info
+from .layers import _status_kb, machine_info, run_worker
 
 __all__ = ["MODELS", "TASKS", "lra_table", "run_lra"]
 
@@ -140,18 +139,7 @@ def _reset_peak(device) -> int:
 
 
 def _worker_main(case_json: str) -> None:
-    case = json.loads(case_json)
-    if case["device"] == "cpu" and case["mem_limit_gb"] > 0:
-        lim = int(case["mem_limit_gb"] * 2**30)
-        resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
-    try:
-        res = {"status": "ok", **_worker(case)}
-    except (RuntimeError, MemoryError) as e:
-        msg = str(e).lower()
-        if not (isinstance(e, MemoryError) or "memory" in msg or "alloc" in msg):
-            raise
-        res = {"status": "oom", "error": str(e)[:200]}
-    print("RESULT " + json.dumps(res), flush=True)
+    run_worker(case_json, _worker)
 
 
 def run_lra(
