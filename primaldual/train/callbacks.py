@@ -13,13 +13,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import os
 import random
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,34 +26,15 @@ import numpy as np
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from ..data.cache import atomic_write_bytes
 from .protocols import Protocol
 
 __all__ = ["AtomicCheckpointIO", "EpochHistory", "EpochSeed", "atomic_write"]
 
-_UMASK = os.umask(0)
-os.umask(_UMASK)
-
 
 def atomic_write(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to a temporary sibling of ``path``, fsync, then rename it over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the file the usual permissions
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):  # persist the rename itself
-        dfd = os.open(path.parent, os.O_RDONLY)
-        os.fsync(dfd)
-        os.close(dfd)
+    """Write ``data`` atomically (see :func:`primaldual.data.cache.atomic_write_bytes`)."""
+    atomic_write_bytes(path, data)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
