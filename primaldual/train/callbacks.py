@@ -6,9 +6,10 @@
   checkpoint's own directory*, fsync it and ``os.replace`` it into place (atomic on POSIX).
 * :class:`EpochSeed`: reseeds torch / numpy / random before every training step from (seed, step, rank), so
   dropout masks after a resume are the ones an uninterrupted run would draw.
-* :class:`EpochHistory`: one row per epoch (train and evaluation metrics), kept in the checkpoint so a resumed run
-  has the full history; writes ``history.csv`` atomically, selects the best epoch by the protocol and saves
-  ``checkpoints/best.ckpt``; prints one progress line per epoch.
+* :class:`EpochHistory`: one row per epoch (or, in step-based runs, per periodic evaluation) with train and
+  evaluation metrics, kept in the checkpoint so a resumed run has the full history; writes ``history.csv``
+  atomically, selects the best row by the protocol and saves ``checkpoints/best.ckpt``; prints one progress line
+  per row.
 """
 
 from __future__ import annotations
@@ -66,20 +67,32 @@ class EpochSeed(L.Callback):
 
 
 _TRAIN_KEYS = ("train/loss_epoch", "train/task_loss", "train/aux_loss", "train/acc")
+_STEP_TRAIN_KEYS = ("train/loss_step",)  # step-based rows: the loss of the last training step
 
 
 class EpochHistory(L.Callback):
-    """Per-epoch metrics, best-epoch selection and ``best.ckpt`` (state saved in every checkpoint).
+    """Per-epoch (or per-evaluation) metrics, best-row selection and ``best.ckpt`` (state saved in every checkpoint).
 
     Args:
         run_dir: the run directory (``history.csv``, ``checkpoints/best.ckpt``).
-        protocol: selects the best epoch. eval_splits: splits logged each epoch.
-        verbose: print one line per epoch on rank 0.
+        protocol: selects the best row. eval_splits: splits logged at each evaluation.
+        verbose: print one line per row on rank 0.
+        every: ``"epoch"`` (a row at the end of every epoch) or ``"val"`` (a row after every periodic evaluation of
+            a step-based run).
     """
 
-    def __init__(self, run_dir: str | os.PathLike, protocol: Protocol, eval_splits: list[str], verbose: bool = True):
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        protocol: Protocol,
+        eval_splits: list[str],
+        verbose: bool = True,
+        every: str = "epoch",
+    ):
+        if every not in ("epoch", "val"):
+            raise ValueError(f"every: expected 'epoch' or 'val', got {every!r}")
         self.run_dir = Path(run_dir)
-        self.protocol, self.eval_splits, self.verbose = protocol, eval_splits, verbose
+        self.protocol, self.eval_splits, self.verbose, self.every = protocol, eval_splits, verbose, every
         self.rows: list[dict[str, Any]] = []
 
     @property
@@ -87,9 +100,17 @@ class EpochHistory(L.Callback):
         return self.run_dir / "checkpoints" / "best.ckpt"
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.every == "epoch":
+            self._record(trainer, _TRAIN_KEYS)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.every == "val" and trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._record(trainer, _STEP_TRAIN_KEYS)
+
+    def _record(self, trainer: L.Trainer, train_keys: tuple[str, ...]) -> None:
         m = trainer.callback_metrics
         row: dict[str, Any] = {"epoch": trainer.current_epoch, "step": trainer.global_step}
-        for key in _TRAIN_KEYS + tuple(f"{s}/{k}" for s in self.eval_splits for k in ("loss", "acc")):
+        for key in train_keys + tuple(f"{s}/{k}" for s in self.eval_splits for k in ("loss", "acc")):
             if key in m:
                 row[key.replace("_epoch", "")] = float(m[key])
         self.rows.append(row)
@@ -103,7 +124,12 @@ class EpochHistory(L.Callback):
             if self.verbose:
                 shown = "  ".join(f"{k} {v:.4f}" for k, v in row.items() if "/" in k)
                 mark = "  *best*" if is_best else ""
-                print(f"epoch {row['epoch'] + 1}/{trainer.max_epochs}  {shown}{mark}", file=sys.stdout, flush=True)
+                where = (
+                    f"epoch {row['epoch'] + 1}/{trainer.max_epochs}"
+                    if self.every == "epoch"
+                    else f"step {row['step']}/{trainer.max_steps}"
+                )
+                print(f"{where}  {shown}{mark}", file=sys.stdout, flush=True)
 
     def _write_csv(self) -> None:
         keys: list[str] = []

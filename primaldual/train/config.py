@@ -1,7 +1,9 @@
 """Run configuration: a few dataclasses, loaded from YAML, overridden from the command line, validated.
 
-A config file has the sections ``data``, ``model``, ``optim``, ``trainer`` and the top-level keys ``name``,
-``task``, ``protocol``, ``seed``. Overrides use Lightning-CLI style dotted flags (``--model.attention primal``,
+A config file has the sections ``data``, ``model``, ``optim``, ``schedule``, ``trainer`` and the top-level keys
+``name``, ``task``, ``protocol``, ``seed``. ``task`` is ``uea`` (time-series classification, epoch-based) or one of
+the Long-Range Arena tasks ``lra_listops``, ``lra_text``, ``lra_retrieval``, ``lra_image``, ``lra_pathfinder``
+(step-based: ``trainer.max_steps`` with an evaluation every ``trainer.val_check_interval`` steps). Overrides use Lightning-CLI style dotted flags (``--model.attention primal``,
 ``--trainer.max_epochs=5``, values parsed as YAML) plus one shortcut, ``--attention NAME``, that puts ``NAME`` in
 every layer and drops the mechanism options of the config (they belong to the old mechanism).
 
@@ -26,6 +28,7 @@ __all__ = [
     "ModelConfig",
     "OptimConfig",
     "RunConfig",
+    "ScheduleConfig",
     "TrainerConfig",
     "apply_overrides",
     "config_dir",
@@ -37,6 +40,10 @@ __all__ = [
 
 PROTOCOLS = ("heldout", "paper")
 OPTIMIZERS = ("radam", "adam", "adamw", "sgd")
+LRA_TASKS = ("lra_listops", "lra_text", "lra_retrieval", "lra_image", "lra_pathfinder")
+TASKS = ("uea", *LRA_TASKS)
+MODEL_KINDS = ("auto", "timeseries", "sequence", "retrieval")
+DECAYS = ("constant", "linear", "cosine")
 
 
 class ConfigError(ValueError):
@@ -45,9 +52,19 @@ class ConfigError(ValueError):
 
 @dataclass
 class DataConfig:
-    """UEA data. ``root``: folder with ``<name>_TRAIN.ts`` / ``<name>_TEST.ts`` (None: the cache);
-    ``fetch``: obtain JapaneseVowels automatically when it is missing; ``val_fraction``: stratified share of
-    TRAIN held out for validation (heldout protocol)."""
+    """The dataset.
+
+    UEA: ``name`` a UEA dataset; ``root`` folder with ``<name>_TRAIN.ts`` / ``<name>_TEST.ts`` (None: the cache);
+    ``fetch`` obtains JapaneseVowels automatically when it is missing; ``val_fraction``: stratified share of TRAIN
+    held out for validation (heldout protocol; also for LRA data that ships without a validation split).
+
+    LRA (see :mod:`primaldual.train.lra_data`): ``name`` the dataset (e.g. ``listops``, ``imdb``,
+    ``shakespeare_genre``, ``aan``, ``fashion_mnist``, ``pathfinder32_L14``); ``max_len`` the padded length;
+    ``tokenisation`` ListOps' ``brackets`` / ``no_brackets``; ``stand_in`` the obtainable real-data stand-in that an
+    error message suggests when the named data is missing (never substituted silently); ``train_pairs`` /
+    ``eval_pairs`` pairs drawn per split by the retrieval stand-in; ``val_size``: evaluate a fixed random subset of the
+    validation split of this size (cheaper periodic evaluation; the test split is always used whole).
+    """
 
     name: str = "JapaneseVowels"
     root: str | None = None
@@ -56,12 +73,23 @@ class DataConfig:
     batch_size: int = 16
     eval_batch_size: int = 256
     num_workers: int = 0
+    max_len: int | None = None
+    tokenisation: str = "brackets"
+    stand_in: str | None = None
+    train_pairs: int = 10000
+    eval_pairs: int = 2000
+    val_size: int | None = None
 
 
 @dataclass
 class ModelConfig:
-    """Time-series classifier (see :class:`primaldual.models.TimeSeriesClassifier`)."""
+    """The task model. ``kind``: ``timeseries`` (:class:`~primaldual.models.TimeSeriesClassifier`, post-LN),
+    ``sequence`` (:class:`~primaldual.models.SequenceClassifier`, LRA) or ``retrieval``
+    (:class:`~primaldual.models.RetrievalClassifier`); ``auto`` picks it from the task. ``vocab_size`` /
+    ``num_classes``: None takes them from the data (a value that disagrees with the data is an error).
+    ``norm_first``, ``positions``, ``pooling``: token models only."""
 
+    kind: str = "auto"
     dim: int = 512
     depth: int = 2
     num_heads: int = 8
@@ -69,15 +97,38 @@ class ModelConfig:
     dropout: float = 0.1
     attention: Any = "primal"  # a registry name, or one name per layer
     attention_options: Any = None  # a dict, or one dict (or null) per layer
+    vocab_size: int | None = None
+    num_classes: int | None = None
+    norm_first: bool = True
+    positions: str = "learned"
+    pooling: str = "mean"
+
+    def resolved_kind(self, task: str) -> str:
+        if self.kind != "auto":
+            return self.kind
+        return {"uea": "timeseries", "lra_retrieval": "retrieval"}.get(task, "sequence")
 
 
 @dataclass
 class OptimConfig:
-    """Optimiser (constant learning rate, as the UEA reference)."""
+    """Optimiser. ``betas`` / ``eps`` apply to the Adam family (None: the optimiser's default)."""
 
     name: str = "radam"
     lr: float = 1e-3
     weight_decay: float = 0.0
+    betas: Any = None
+    eps: float | None = None
+
+
+@dataclass
+class ScheduleConfig:
+    """Learning-rate schedule, stepped every optimiser step: linear warm-up over ``warmup_steps`` from lr / warmup
+    to lr, then ``decay`` (``constant``: the UEA reference; ``linear`` to 0 at ``total_steps``: the LRA reference;
+    ``cosine`` to 0). ``total_steps`` None: ``trainer.max_steps``."""
+
+    warmup_steps: int = 0
+    decay: str = "constant"
+    total_steps: int | None = None
 
 
 @dataclass
@@ -85,6 +136,8 @@ class TrainerConfig:
     """Arguments passed to ``lightning.Trainer`` (see its documentation)."""
 
     max_epochs: int = 100
+    max_steps: int = -1  # > 0: step-based training (LRA); max_epochs is then ignored
+    val_check_interval: int | None = None  # step-based: evaluate (and checkpoint) every this many steps
     accelerator: str = "auto"
     devices: Any = 1
     num_nodes: int = 1
@@ -106,33 +159,94 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def fingerprint(self) -> str:
-        """Short hash of everything that changes the result (not the progress bar): names the run directory."""
+        """Short hash of everything that changes the result (not the progress bar): names the run directory.
+
+        Keys added after 0.1.0 enter the hash only when they differ from their default, so the run directories of
+        earlier configs keep their names (and still resume).
+        """
         d = self.to_dict()
         d["trainer"].pop("enable_progress_bar")
+        defaults = RunConfig().to_dict()
+        for section, key in _ADDED_KEYS:
+            node, ref = (d, defaults) if section is None else (d[section], defaults[section])
+            if node.get(key) == ref.get(key):
+                node.pop(key, None)
+        if d["schedule"] == defaults["schedule"]:
+            d.pop("schedule")
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
 
+    @property
+    def step_based(self) -> bool:
+        """True when training is counted in optimiser steps (``trainer.max_steps > 0``), as LRA."""
+        return self.trainer.max_steps > 0
+
     def validate(self) -> RunConfig:
-        if self.task != "uea":
-            raise ConfigError(f"task: only 'uea' (time-series classification) is wired to the CLI, got {self.task!r}")
+        if self.task not in TASKS:
+            raise ConfigError(f"task: expected one of {TASKS}, got {self.task!r}")
         if self.protocol not in PROTOCOLS:
             raise ConfigError(f"protocol: expected one of {PROTOCOLS}, got {self.protocol!r}")
+        if self.task != "uea" and self.protocol == "paper":
+            raise ConfigError("protocol: 'paper' (select on test) is the UEA reference protocol; LRA uses 'heldout'")
         if self.optim.name not in OPTIMIZERS:
             raise ConfigError(f"optim.name: expected one of {OPTIMIZERS}, got {self.optim.name!r}")
-        for key, v in (("data.batch_size", self.data.batch_size), ("trainer.max_epochs", self.trainer.max_epochs)):
-            if not isinstance(v, int) or v < 1:
+        if self.model.kind not in MODEL_KINDS:
+            raise ConfigError(f"model.kind: expected one of {MODEL_KINDS}, got {self.model.kind!r}")
+        kind = self.model.resolved_kind(self.task)
+        if (kind == "timeseries") != (self.task == "uea"):
+            raise ConfigError(f"model.kind: {kind!r} does not fit task {self.task!r}")
+        if self.model.positions not in ("learned", "sinusoidal"):
+            raise ConfigError(f"model.positions: expected 'learned' or 'sinusoidal', got {self.model.positions!r}")
+        if self.model.pooling not in ("mean", "cls"):
+            raise ConfigError(f"model.pooling: expected 'mean' or 'cls', got {self.model.pooling!r}")
+        if self.schedule.decay not in DECAYS:
+            raise ConfigError(f"schedule.decay: expected one of {DECAYS}, got {self.schedule.decay!r}")
+        b = self.optim.betas
+        if b is not None and not (isinstance(b, list | tuple) and len(b) == 2 and all(0 <= x < 1 for x in b)):
+            raise ConfigError(f"optim.betas: expected two numbers in [0, 1), got {b!r}")
+        positive = [("data.batch_size", self.data.batch_size), ("data.eval_batch_size", self.data.eval_batch_size)]
+        if self.step_based:
+            positive.append(("trainer.max_steps", self.trainer.max_steps))
+            if self.trainer.val_check_interval is not None:
+                positive.append(("trainer.val_check_interval", self.trainer.val_check_interval))
+        else:
+            positive.append(("trainer.max_epochs", self.trainer.max_epochs))
+            if self.task != "uea":
+                raise ConfigError(f"trainer.max_steps: task {self.task!r} is step-based; set a positive max_steps")
+        if self.data.max_len is not None:
+            positive.append(("data.max_len", self.data.max_len))
+        for key, v in positive:
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"{key}: expected a positive int, got {v!r}")
+        for key, v in (("schedule.warmup_steps", self.schedule.warmup_steps),):
+            if not isinstance(v, int) or v < 0:
+                raise ConfigError(f"{key}: expected an int >= 0, got {v!r}")
         if not isinstance(self.seed, int):
             raise ConfigError(f"seed: expected an int, got {self.seed!r}")
         return self
 
 
-_SECTIONS = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig, "trainer": TrainerConfig}
+# (section, key) of config keys introduced after 0.1.0 (see RunConfig.fingerprint)
+_ADDED_KEYS = [
+    *(("data", k) for k in ("max_len", "tokenisation", "stand_in", "train_pairs", "eval_pairs", "val_size")),
+    *(("model", k) for k in ("kind", "vocab_size", "num_classes", "norm_first", "positions", "pooling")),
+    *(("optim", k) for k in ("betas", "eps")),
+    *(("trainer", k) for k in ("max_steps", "val_check_interval")),
+]
+
+_SECTIONS = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "optim": OptimConfig,
+    "schedule": ScheduleConfig,
+    "trainer": TrainerConfig,
+}
 
 
 def _build(cls: type, values: dict[str, Any], where: str) -> Any:
@@ -158,7 +272,7 @@ def config_dir() -> Path:
     return here if here.is_dir() else Path.cwd() / "configs"
 
 
-def list_configs(prefix: str = "uea/") -> list[str]:
+def list_configs(prefix: str = "") -> list[str]:
     """Names of the configs this CLI runs (under ``configs/<prefix>``), relative to :func:`config_dir`."""
     root = config_dir()
     names = (str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))

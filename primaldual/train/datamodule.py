@@ -12,7 +12,7 @@ from __future__ import annotations
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
 from ..data.uea import ChannelNormalizer, find_uea_files, load_uea, pad_series, stratified_split
 from .config import DataConfig
@@ -25,21 +25,36 @@ class _TrainerEpochSampler(DistributedSampler):
     """A seeded ``DistributedSampler`` whose epoch is the trainer's ``current_epoch`` when iteration starts.
 
     Lightning's own ``set_epoch`` call uses a loop counter; reading ``current_epoch`` (restored from the checkpoint)
-    ties the permutation to the epoch number itself, in fresh and resumed runs alike.
+    ties the permutation to the epoch number itself, in fresh and resumed runs alike. After a resume from a
+    checkpoint written in the middle of an epoch (step-based runs evaluate and checkpoint every K steps), the
+    batches the interrupted run already trained on are skipped, so the run continues with the very batch an
+    uninterrupted run would see next. Lightning counts them in ``batch_progress`` (restored before the iterator is
+    created); ``batch_size`` is needed to turn that count into samples.
     """
 
-    def __init__(self, dataset: TensorDataset, trainer: L.Trainer | None, **kwargs) -> None:
+    def __init__(self, dataset: Dataset, trainer: L.Trainer | None, batch_size: int = 1, **kwargs) -> None:
         super().__init__(dataset, **kwargs)
         self._trainer = trainer
+        self.batch_size = batch_size
 
     def set_epoch(self, epoch: int) -> None:
         if self._trainer is None:
             super().set_epoch(epoch)
 
+    def _done_batches(self) -> int:
+        """Batches of the current epoch already trained on (0 unless resuming in the middle of an epoch)."""
+        if self._trainer is None:
+            return 0
+        done = self._trainer.fit_loop.epoch_loop.batch_progress.current.completed
+        batches = -(-self.num_samples // self.batch_size)
+        return done if 0 < done < batches else 0
+
     def __iter__(self):
-        if self._trainer is not None:
-            self.epoch = self._trainer.current_epoch
-        return super().__iter__()
+        if self._trainer is None:
+            return super().__iter__()
+        self.epoch = self._trainer.current_epoch
+        indices = list(super().__iter__())
+        return iter(indices[self._done_batches() * self.batch_size :])
 
 
 class UEADataModule(L.LightningDataModule):
@@ -100,7 +115,9 @@ class UEADataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         world, rank = self._world()
         ds = self.datasets["train"]
-        sampler = _TrainerEpochSampler(ds, self.trainer, num_replicas=world, rank=rank, shuffle=True, seed=self.seed)
+        sampler = _TrainerEpochSampler(
+            ds, self.trainer, self.cfg.batch_size, num_replicas=world, rank=rank, shuffle=True, seed=self.seed
+        )
         return DataLoader(ds, batch_size=self.cfg.batch_size, sampler=sampler, num_workers=self.cfg.num_workers)
 
     def _eval_loader(self, split: str) -> DataLoader:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from functools import partial
 from typing import Any
 
 import lightning as L
@@ -10,9 +12,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..aux_loss import collect_aux_loss
-from .config import OptimConfig
+from .config import OptimConfig, ScheduleConfig
 
-__all__ = ["ClassificationModule"]
+__all__ = ["ClassificationModule", "lr_factor"]
 
 _OPTIMIZERS = {"radam": torch.optim.RAdam, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
 
@@ -26,13 +28,24 @@ class ClassificationModule(L.LightningModule):
 
     Args:
         model: the task model. optim: optimiser settings. eval_splits: names of the validation dataloaders, in order.
+        schedule: learning-rate schedule (None: constant). total_steps: the schedule's length when
+            ``schedule.total_steps`` is None (the trainer's ``max_steps``).
     """
 
-    def __init__(self, model: nn.Module, optim: OptimConfig, eval_splits: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optim: OptimConfig,
+        eval_splits: list[str] | None = None,
+        schedule: ScheduleConfig | None = None,
+        total_steps: int | None = None,
+    ) -> None:
         super().__init__()
         self.model = model
         self.optim = optim
         self.eval_splits = list(eval_splits or ["val"])
+        self.schedule = schedule or ScheduleConfig()
+        self.total_steps = self.schedule.total_steps or total_steps
 
     def forward(self, *inputs: Tensor) -> Tensor:
         return self.model(*inputs)
@@ -69,6 +82,31 @@ class ClassificationModule(L.LightningModule):
         self.log("test/loss", task, on_epoch=True, batch_size=bs, sync_dist=True)
         self.log("test/acc", acc, on_epoch=True, batch_size=bs, sync_dist=True)
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        cls = _OPTIMIZERS[self.optim.name]
-        return cls(self.parameters(), lr=self.optim.lr, weight_decay=self.optim.weight_decay)
+    def configure_optimizers(self) -> Any:
+        o = self.optim
+        kw: dict[str, Any] = {"lr": o.lr, "weight_decay": o.weight_decay}
+        if o.name != "sgd":
+            if o.betas is not None:
+                kw["betas"] = tuple(o.betas)
+            if o.eps is not None:
+                kw["eps"] = o.eps
+        opt = _OPTIMIZERS[o.name](self.parameters(), **kw)
+        sch = self.schedule
+        if sch.warmup_steps == 0 and sch.decay == "constant":
+            return opt
+        if sch.decay != "constant" and not self.total_steps:
+            raise ValueError(f"schedule.decay {sch.decay!r} needs schedule.total_steps or trainer.max_steps")
+        factor = partial(lr_factor, warmup=sch.warmup_steps, decay=sch.decay, total=self.total_steps or 0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def lr_factor(step: int, *, warmup: int, decay: str, total: int) -> float:
+    """Learning-rate multiplier at optimiser step ``step`` (0-based): linear warm-up from 1/warmup to 1 over
+    ``warmup`` steps, then constant, or linear / cosine decay reaching 0 at step ``total``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if decay == "constant":
+        return 1.0
+    frac = min(1.0, (step - warmup) / max(1, total - warmup))
+    return 1.0 - frac if decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * frac))

@@ -25,9 +25,9 @@ class Protocol:
     eval_split: str
 
     def sort_key(self, row: dict[str, Any]) -> tuple[float, ...]:
-        """Smaller is better: the best epoch of a history is ``min(rows, key=sort_key)``."""
+        """Smaller is better: the best row of a history is ``min(rows, key=sort_key)`` (ties: the earlier step)."""
         s = self.eval_split
-        return (-float(row[f"{s}/acc"]), float(row[f"{s}/loss"]), int(row["epoch"]))
+        return (-float(row[f"{s}/acc"]), float(row[f"{s}/loss"]), int(row["step"]))
 
     def best(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         if not rows:
@@ -36,7 +36,9 @@ class Protocol:
 
 
 PROTOCOLS: dict[str, Protocol] = {
-    "heldout": Protocol("heldout", "heldout protocol (validation split from TRAIN selects the epoch)", "val"),
+    "heldout": Protocol(
+        "heldout", "heldout protocol (validation split selects the checkpoint; test evaluated once)", "val"
+    ),
     "paper": Protocol("paper", "paper protocol (selects on test)", "test"),
 }
 
