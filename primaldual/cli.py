@@ -30,7 +30,12 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
 # Modules that add subcommands: each defines ``register(subparsers)`` that adds its parsers and sets
 # ``func`` (taking the parsed namespace, returning an exit code). Imported lazily so that a missing
 # optional extra only breaks its own subcommand.
-SUBCOMMAND_MODULES: list[str] = ["primaldual.bench.cli", "primaldual.train.cli", "primaldual.data.cli"]
+SUBCOMMAND_MODULES: list[str] = [
+    "primaldual.bench.cli",
+    "primaldual.train.cli",
+    "primaldual.data.cli",
+    "primaldual.analysis.cli",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -41,13 +41,18 @@ def rank_at(cum: Tensor, q: float) -> Tensor:
 
 
 def resample(cum: Tensor, points: int = 50) -> Tensor:
-    """Resample a ``(..., K)`` cumulative curve on the grid k/K = 1/points, ..., 1 (linear interpolation)."""
+    """Resample a ``(..., K)`` cumulative curve on the grid k/K = 1/points, ..., 1 (linear interpolation).
+
+    The curve is read as passing through 0 at k = 0, so a grid point below 1/K lies on the segment from 0 to
+    ``c_1`` (no flat plateau when K < points).
+    """
     K = cum.shape[-1]
-    grid = torch.linspace(1.0 / points, 1.0, points, dtype=torch.float64) * K - 1  # fractional index
-    lo = grid.floor().clamp(0, K - 1).long()
-    hi = (lo + 1).clamp(max=K - 1)
+    ext = torch.cat([torch.zeros_like(cum[..., :1]), cum], dim=-1)  # (..., K + 1): c_0 = 0, c_1, ..., c_K
+    grid = torch.linspace(1.0 / points, 1.0, points, dtype=torch.float64) * K  # fractional index into ext
+    lo = grid.floor().clamp(0, K).long()
+    hi = (lo + 1).clamp(max=K)
     frac = (grid - lo).clamp(0, 1)
-    return cum[..., lo] * (1 - frac) + cum[..., hi] * frac
+    return ext[..., lo] * (1 - frac) + ext[..., hi] * frac
 
 
 def layer_spectra(weights: Tensor, mask: Tensor | None = None, points: int = 50, power: int = 1) -> dict[str, Tensor]:

@@ -137,15 +137,17 @@ def test_rank_one_attention_reaches_one_at_the_first_component():
     result = analyze_model(layer, [(x, mask, y)], points=POINTS)
     (entry,) = result["layers"]
     assert entry["name"] == "" and entry["mechanism"] == "softmax"
-    assert torch.allclose(
-        torch.tensor(entry["spectrum"]["curve"], dtype=torch.float64)[:, 0], torch.ones(HEADS, dtype=torch.float64)
-    )
+    # the curve runs from 0 at k = 0 to 1 at the first component (k / n = 1 / n) and stays there
+    curve = torch.tensor(entry["spectrum"]["curve"], dtype=torch.float64)
+    assert torch.allclose(curve[:, POINTS // 2 :], torch.ones_like(curve[:, POINTS // 2 :]))
     assert entry["spectrum"]["effective_rank"] == pytest.approx([1.0] * HEADS, abs=1e-6)
     assert entry["redundancy"]["maps"] == pytest.approx(1.0)  # identical uniform maps in every head
     # and directly on hand-made rank-one weights
     u, v = torch.randn(2, HEADS, N, 1), torch.randn(2, HEADS, 1, N)
     stats = layer_spectra(u @ v, points=POINTS)
-    assert torch.allclose(stats["curve"][:, 0], torch.ones(HEADS, dtype=torch.float64))
+    first = next(i for i in range(POINTS) if (i + 1) * N >= POINTS)  # first grid point at or past k / N = 1 / N
+    assert torch.allclose(stats["curve"][:, first:], torch.ones(HEADS, POINTS - first, dtype=torch.float64))
+    assert (stats["curve"][:, :first] < 1).all()
 
 
 def test_plots_write_png_files(tmp_path):

@@ -1,0 +1,141 @@
+"""``primaldual analyze RUN_DIR [RUN_DIR ...]``: spectra and head redundancy of trained checkpoints.
+
+For each run directory written by ``primaldual fit`` (its ``config.yaml`` rebuilds the data and the model), the
+chosen checkpoint is loaded, ``--samples`` examples of ``--split`` are fed through the model and
+:func:`primaldual.analysis.report.analyze_model` measures every attention layer. Written to
+``<run_dir>/analysis/`` (or ``--out``/<run name>): ``analysis.json`` and ``spectra.png`` (the paper-style grid of
+cumulative spectra per layer and head). With several runs, ``--out`` also gets ``compare_spectra.png`` (head-mean
+curves of all runs per layer) and ``summary.md`` (one row per run and layer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["analyze_run", "format_summary", "register"]
+
+
+def analyze_run(
+    run_dir: str | Path, *, ckpt: str = "best", split: str = "test", samples: int = 64, batch_size: int = 16
+) -> dict[str, Any]:
+    """Load a run's checkpoint and analyse it on ``samples`` examples of ``split`` (see the module docstring)."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from ..train.config import load_config
+    from ..train.run import build_datamodule, build_module
+    from .report import analyze_model
+
+    run_dir = Path(run_dir)
+    cfg_path = run_dir / "config.yaml"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"{run_dir}: no config.yaml; expected a run directory written by `primaldual fit`")
+    path = run_dir / "checkpoints" / f"{ckpt}.ckpt" if ckpt in ("best", "last") else Path(ckpt)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} not found (--ckpt best, last, or a path)")
+    cfg = load_config(cfg_path)
+    dm = build_datamodule(cfg)
+    dm.prepare_data()
+    dm.setup("test")
+    if split not in dm.datasets:
+        raise ValueError(f"split: {split!r} is not in this run's data (it has {sorted(dm.datasets)})")
+    module = build_module(cfg, dm)
+    state = torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+    module.load_state_dict(state)
+    loader = DataLoader(dm.datasets[split], batch_size=batch_size, shuffle=False)
+    result = analyze_model(module.model, loader, max_samples=samples)
+    result.update(
+        run_dir=str(run_dir),
+        name=cfg.name,
+        task=cfg.task,
+        dataset=cfg.data.name,
+        protocol=cfg.protocol,
+        seed=cfg.seed,
+        attention=cfg.model.attention,
+        checkpoint=str(path),
+        split=split,
+    )
+    return result
+
+
+def _mean(xs: list[float | None] | None) -> float | None:
+    xs = [x for x in xs or [] if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _fmt(x: float | None, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def format_summary(results: dict[str, dict[str, Any]]) -> str:
+    """Markdown table: per run and layer, head means of effective rank, rank90 (fraction of N) and redundancy."""
+    lines = [
+        "| run | layer | mechanism | effective rank | rank90 / N | rank99 / N | redundancy (maps) | redundancy (outputs) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for label, res in results.items():
+        for i, layer in enumerate(res["layers"]):
+            sp = layer.get("spectrum") or {}
+            red = layer.get("redundancy") or {}
+            lines.append(
+                f"| {label} | {i} | {layer['mechanism']} | {_fmt(_mean(sp.get('effective_rank')), '.2f')} | "
+                f"{_fmt(_mean(sp.get('rank90')))} | {_fmt(_mean(sp.get('rank99')))} | {_fmt(red.get('maps'))} | "
+                f"{_fmt(red.get('outputs'))} |"
+            )
+    return "\n".join(lines)
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    from ..data.cache import MissingDataError, atomic_write_bytes
+    from ..train.config import ConfigError
+    from ..train.run import set_threads
+    from .report import compare_spectra, plot_spectra, write_json
+
+    set_threads(args.threads)
+    if args.labels and len(args.labels) != len(args.runs):
+        print(f"primaldual analyze: error: --labels needs {len(args.runs)} names", file=sys.stderr)
+        return 2
+    results: dict[str, dict[str, Any]] = {}
+    for i, run in enumerate(args.runs):
+        try:
+            res = analyze_run(run, ckpt=args.ckpt, split=args.split, samples=args.samples, batch_size=args.batch)
+        except (FileNotFoundError, ValueError, ConfigError, MissingDataError) as e:
+            print(f"primaldual analyze: error: {e}", file=sys.stderr)
+            return 2
+        label = args.labels[i] if args.labels else res["name"]
+        out = Path(args.out) / label if args.out else Path(run) / "analysis"
+        write_json(res, out / "analysis.json")
+        title = f"{label}: {res['dataset']} {res['split']}, {res['samples']} samples"
+        plot_spectra(res, out / "spectra.png", title=title)
+        print(f"{label}: wrote {out / 'analysis.json'} and {out / 'spectra.png'}", flush=True)
+        results[label] = res
+    table = format_summary(results)
+    print(table)
+    if args.out and len(results) > 1:
+        out = Path(args.out)
+        compare_spectra(results, out / "compare_spectra.png")
+        atomic_write_bytes(out / "summary.md", (table + "\n").encode())
+        print(f"wrote {out / 'compare_spectra.png'} and {out / 'summary.md'}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``analyze`` to the ``primaldual`` parser."""
+    p = subparsers.add_parser(
+        "analyze",
+        help="attention spectra and head redundancy of trained runs (JSON + PNG)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("runs", nargs="+", help="run directories written by `primaldual fit`")
+    p.add_argument("--ckpt", default="best", help="best, last, or a checkpoint path")
+    p.add_argument("--split", default="test", help="data split to feed (default test)")
+    p.add_argument("--samples", type=int, default=64, help="examples analysed per run")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--labels", nargs="+", default=None, help="one name per run (default: the run's config name)")
+    p.add_argument("--out", default=None, help="output folder (default <run_dir>/analysis; needed to compare runs)")
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=_cmd)

@@ -1,0 +1,55 @@
+"""``primaldual analyze`` on tiny trained runs: a UEA (time-series) and an LRA (token) model, then a comparison."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ..train.helpers import fit_cmd, run, write_config
+
+
+@pytest.mark.parametrize("attention", [["softmax_bn", "linear"], ["softmax_sh", "primal"]])
+def test_analyze_a_trained_uea_run(tmp_path, attention):
+    pytest.importorskip("matplotlib")
+    options = [None, {"s": 4}] if attention[1] == "primal" else None
+    cfg = write_config(
+        tmp_path, **{"trainer.max_epochs": 1, "model.attention": attention, "model.attention_options": options}
+    )
+    run_dir = tmp_path / "run"
+    run(fit_cmd(cfg, run_dir, "--threads", "1"))
+    out = run([sys.executable, "-m", "primaldual.cli", "analyze", str(run_dir), "--samples", "8", "--threads", "1"])
+    res = json.loads((run_dir / "analysis" / "analysis.json").read_text())
+    assert [layer["mechanism"] for layer in res["layers"]] == attention
+    assert res["samples"] == 8 and res["split"] == "test" and res["dataset"] == "JapaneseVowels"
+    for layer in res["layers"]:
+        assert len(layer["spectrum"]["curve"]) == 2 and layer["spectrum"]["curve_mean"][-1] == pytest.approx(1.0)
+    assert (run_dir / "analysis" / "spectra.png").stat().st_size > 1000
+    assert attention[1] in out.stdout and "redundancy" in out.stdout
+
+
+def test_analyze_compares_runs_and_reports_errors(tmp_path):
+    pytest.importorskip("matplotlib")
+    dirs = []
+    for name in ("softmax", "primal"):
+        cfg = write_config(
+            tmp_path,
+            **{
+                "trainer.max_epochs": 1,
+                "model.attention": name,
+                "model.attention_options": {"s": 4} if name == "primal" else None,
+            },
+        )
+        dirs.append(tmp_path / name)
+        run(fit_cmd(cfg, dirs[-1], "--threads", "1"))
+    out = tmp_path / "cmp"
+    cmd = [sys.executable, "-m", "primaldual.cli", "analyze", *map(str, dirs), "--samples", "4", "--ckpt", "last"]
+    run([*cmd, "--out", str(out), "--labels", "Transformer", "PrimalFormer", "--split", "val"])
+    assert (out / "compare_spectra.png").is_file() and (out / "Transformer" / "spectra.png").is_file()
+    assert "| PrimalFormer | 1 | primal |" in (out / "summary.md").read_text()
+    bad = subprocess.run([*cmd[:4], str(tmp_path / "nowhere")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "config.yaml" in bad.stderr
+    bad = subprocess.run([*cmd, "--split", "unlabelled"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "split" in bad.stderr
