@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -22,8 +25,9 @@ TINY = {
 }
 
 
-def write_config(tmp_path: Path, **changes) -> Path:
-    cfg = json.loads(json.dumps(TINY))
+def write_config(tmp_path: Path, base: dict | None = None, **changes) -> Path:
+    """``base`` (default :data:`TINY`) with dotted-key ``changes``, written to ``tmp_path/tiny.yaml``."""
+    cfg = json.loads(json.dumps(TINY if base is None else base))
     for key, value in changes.items():
         node = cfg
         *parents, last = key.split(".")
@@ -50,3 +54,19 @@ def run(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env())
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     return res
+
+
+def history_rows(run_dir: Path) -> list[dict[str, str]]:
+    p = run_dir / "history.csv"
+    return list(csv.DictReader(open(p))) if p.is_file() else []
+
+
+def kill_after_rows(cmd: list[str], run_dir: Path, rows: int, timeout: float = 240) -> int:
+    """Start ``cmd``, SIGKILL it once ``run_dir/history.csv`` has ``rows`` rows; return the rows written by then."""
+    proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + timeout
+    while len(history_rows(run_dir)) < rows and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return len(history_rows(run_dir))

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import csv
 import json
-import signal
 import subprocess
-import time
 
 import numpy as np
 import pytest
 import torch
-import yaml
 
 from primaldual.data.cache import MissingDataError
 from primaldual.train.config import ConfigError, list_configs, load_config
 from primaldual.train.lra_data import build_lra_splits
 from primaldual.train.module import lr_factor
 
-from .helpers import env, fit_cmd, run
+from .helpers import env, fit_cmd, history_rows, kill_after_rows, run, write_config
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +27,8 @@ def listops_dir(tmp_path_factory):
     return out
 
 
-def _config(tmp_path, root, **changes) -> tuple:
-    cfg = {
+def _config(tmp_path, root, **changes):
+    base = {
         "name": "tiny_lra",
         "task": "lra_listops",
         "seed": 1,
@@ -50,20 +46,7 @@ def _config(tmp_path, root, **changes) -> tuple:
         "schedule": {"warmup_steps": 5, "decay": "linear"},
         "trainer": {"max_steps": 40, "val_check_interval": 8, "accelerator": "cpu", "enable_progress_bar": False},
     }
-    for key, value in changes.items():
-        node = cfg
-        *parents, last = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[last] = value
-    path = tmp_path / "tiny_lra.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
-def _rows(run_dir):
-    p = run_dir / "history.csv"
-    return list(csv.DictReader(open(p))) if p.is_file() else []
+    return write_config(tmp_path, base, **changes)
 
 
 def test_every_lra_config_loads_with_the_lra_protocol():
@@ -84,7 +67,7 @@ def test_fit_listops_step_based(tmp_path, listops_dir):
     assert s["data"]["tokenisation"] == "brackets" and s["data"]["source"] == "generated"
     assert 0 < s["majority_class_test_acc"] < 1 and 0 <= s["test_acc"] <= 1
     assert "step 8/40" in out and "majority class" in out
-    assert [int(r["step"]) for r in _rows(run_dir)] == [8, 16, 24, 32, 40]
+    assert [int(r["step"]) for r in history_rows(run_dir)] == [8, 16, 24, 32, 40]
 
 
 def test_lra_resume_mid_epoch_matches_uninterrupted(tmp_path, listops_dir):
@@ -92,20 +75,13 @@ def test_lra_resume_mid_epoch_matches_uninterrupted(tmp_path, listops_dir):
     cfg = _config(tmp_path, listops_dir)
     ref_dir, dir_ = tmp_path / "uninterrupted", tmp_path / "killed"
     run(fit_cmd(cfg, ref_dir, "--threads", "1"))
-    proc = subprocess.Popen(
-        fit_cmd(cfg, dir_, "--threads", "1"), env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-    deadline = time.time() + 240
-    while len(_rows(dir_)) < 2 and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert 2 <= len(_rows(dir_)) < 5 and not (dir_ / "summary.json").exists()
+    assert 2 <= kill_after_rows(fit_cmd(cfg, dir_, "--threads", "1"), dir_, 2) < 5
+    assert not (dir_ / "summary.json").exists()
     assert "resuming from" in run(fit_cmd(cfg, dir_, "--threads", "1")).stdout
     ref, got = json.loads((ref_dir / "summary.json").read_text()), json.loads((dir_ / "summary.json").read_text())
     for key in ("steps", "best_step", "test_acc", "test_loss", "val_acc"):
         assert got[key] == ref[key], key
-    assert _rows(dir_) == _rows(ref_dir)
+    assert history_rows(dir_) == history_rows(ref_dir)
     a = torch.load(ref_dir / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
     b = torch.load(dir_ / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-import csv
 import json
-import signal
-import subprocess
-import time
 
 import torch
 
-from .helpers import env, fit_cmd, run, write_config
-
-
-def _rows(run_dir):
-    p = run_dir / "history.csv"
-    return list(csv.DictReader(open(p))) if p.is_file() else []
+from .helpers import fit_cmd, history_rows, kill_after_rows, run, write_config
 
 
 def test_resume_after_sigkill_matches_uninterrupted(tmp_path):
@@ -31,15 +22,7 @@ def test_resume_after_sigkill_matches_uninterrupted(tmp_path):
     ref_dir, dir_ = tmp_path / "uninterrupted", tmp_path / "killed"
     run(fit_cmd(cfg, ref_dir, "--threads", "1"))
 
-    proc = subprocess.Popen(
-        fit_cmd(cfg, dir_, "--threads", "1"), env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-    deadline = time.time() + 240
-    while len(_rows(dir_)) < 2 and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    done_before_kill = len(_rows(dir_))
+    done_before_kill = kill_after_rows(fit_cmd(cfg, dir_, "--threads", "1"), dir_, 2)
     assert 2 <= done_before_kill < 6, f"the kill should land mid-run, after >= 1 checkpoint ({done_before_kill} epochs)"
     assert (dir_ / "checkpoints" / "last.ckpt").is_file() and not (dir_ / "summary.json").exists()
 
@@ -49,7 +32,7 @@ def test_resume_after_sigkill_matches_uninterrupted(tmp_path):
     ref, got = json.loads((ref_dir / "summary.json").read_text()), json.loads((dir_ / "summary.json").read_text())
     for key in ("epochs", "best_epoch", "test_acc", "test_loss", "val_acc"):
         assert got[key] == ref[key], key
-    assert _rows(dir_) == _rows(ref_dir)  # every epoch's metrics, bit for bit
+    assert history_rows(dir_) == history_rows(ref_dir)  # every epoch's metrics, bit for bit
     a = torch.load(ref_dir / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
     b = torch.load(dir_ / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
