@@ -15,6 +15,21 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _profile(args: argparse.Namespace) -> int:
+    from .lra import TASKS, profile_case
+
+    case = {"task": args.task, "model": args.model, "batch": args.batch or TASKS[args.task]["batch"]}
+    case.update(device=args.device, threads=args.threads, amp=args.amp)
+    text = profile_case(case, steps=args.steps, rows=args.rows)
+    print(text)
+    if args.out:
+        from ..data.cache import atomic_write_bytes
+
+        atomic_write_bytes(args.out, (text + "\n").encode())
+        print(f"wrote {args.out}")
+    return 0
+
+
 def register(subparsers) -> None:
     from . import layers, lra
 
@@ -26,6 +41,17 @@ def register(subparsers) -> None:
     p = sub.add_parser("lra", help="time per 1K training steps and peak memory on LRA task shapes")
     lra.add_arguments(p)
     p.set_defaults(func=lra.run_from_args)
+    p = sub.add_parser("profile", help="torch.profiler tables (time, memory) of LRA training steps for one case")
+    p.add_argument("--task", default="listops", choices=list(lra.TASKS))
+    p.add_argument("--model", default="transformer", choices=list(lra.MODELS))
+    p.add_argument("--batch", type=int, default=None, help="default: the paper's batch for the task")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--rows", type=int, default=12)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--amp", action="store_true")
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--out", default=None, help="also write the tables to this file")
+    p.set_defaults(func=_profile)
     p = sub.add_parser("plot", help="log-log plots with fitted slopes from a bench JSON file")
     p.add_argument("file")
     p.add_argument("--out-dir", default=None)

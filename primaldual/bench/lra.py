@@ -30,7 +30,7 @@ from typing import Any
 
 from .layers import _status_kb, machine_info, run_worker
 
-__all__ = ["MODELS", "TASKS", "lra_table", "run_lra"]
+__all__ = ["MODELS", "TASKS", "build_case", "lra_table", "profile_case", "run_lra"]
 
 # task -> shape and the paper's batch, (PrimalFormer s, eta), (Primal.+ s, eta)
 TASKS: dict[str, dict[str, Any]] = {
@@ -66,20 +66,18 @@ def model_attention(model: str, task: str) -> tuple[list[str], list[dict[str, An
     return [model, model], [{}, {}]
 
 
-def _worker(case: dict[str, Any]) -> dict[str, Any]:
+def build_case(case: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """Model, one training step (a closure) and a device sync for a (task, model, batch) case."""
     import torch
 
     from primaldual.aux_loss import collect_aux_loss
     from primaldual.models import RetrievalClassifier, SequenceClassifier
 
-    if case["threads"]:
-        torch.set_num_threads(case["threads"])
     device = torch.device(case["device"])
     t = TASKS[case["task"]]
     names, opts = model_attention(case["model"], case["task"])
     kw = {"dim": 64, "depth": 2, "num_heads": 2, "ffn_dim": 128, "dropout": 0.1, "pooling": "mean"}
     kw.update(attention=names, attention_options=opts)
-    base = _reset_peak(device)
     torch.manual_seed(0)
     B, N = case["batch"], t["length"]
     if case["task"] == "retrieval":
@@ -111,6 +109,16 @@ def _worker(case: dict[str, Any]) -> dict[str, Any]:
         if device.type == "cuda":
             torch.cuda.synchronize()
 
+    return model, step, sync
+
+
+def _worker(case: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    if case["threads"]:
+        torch.set_num_threads(case["threads"])
+    base = _reset_peak(torch.device(case["device"]))
+    model, step, sync = build_case(case)
     for _ in range(case["warmup"]):
         step()
     sync()
@@ -119,12 +127,44 @@ def _worker(case: dict[str, Any]) -> dict[str, Any]:
         step()
     sync()
     per_step = (time.perf_counter() - t0) / case["steps"]
-    peak = torch.cuda.max_memory_allocated() - base if device.type == "cuda" else _status_kb("VmHWM") * 1024 - base
+    if case["device"].startswith("cuda"):
+        peak = torch.cuda.max_memory_allocated() - base
+    else:
+        peak = _status_kb("VmHWM") * 1024 - base
     return {
         "s_per_1k_steps": 1000 * per_step,
         "peak_mem_gb": peak / 2**30,
         "params": sum(p.numel() for p in model.parameters()),
     }
+
+
+def profile_case(case: dict[str, Any], steps: int = 2, rows: int = 12) -> str:
+    """torch.profiler over ``steps`` training steps (after one warm-up): the top ops by self time and by the memory
+    they allocate themselves, as two tables. This is how a missed efficiency target is explained."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if case.get("threads"):
+        torch.set_num_threads(case["threads"])
+    _, step, sync = build_case(case)
+    step()
+    sync()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if case["device"].startswith("cuda") else [])
+    with profile(activities=acts, profile_memory=True, record_shapes=False) as prof:
+        for _ in range(steps):
+            step()
+        sync()
+    ev = prof.key_averages()
+    dev = "cuda" if case["device"].startswith("cuda") else "cpu"
+    head = f"{case['task']} / {case['model']} / batch {case['batch']}, {steps} profiled steps"
+    return "\n".join(
+        [
+            f"# {head}: by self {dev} time",
+            ev.table(sort_by=f"self_{dev}_time_total", row_limit=rows),
+            f"# {head}: by memory allocated by the op itself",
+            ev.table(sort_by=f"self_{dev}_memory_usage", row_limit=rows),
+        ]
+    )
 
 
 def _reset_peak(device) -> int:

@@ -209,7 +209,7 @@ def fit(
         "fit_seconds_this_attempt": round(time.time() - t0, 1),
     }
     if cfg.step_based:
-        summary.update(steps=int(history.rows[-1]["step"]), best_step=int(best["step"]), evaluations=len(history.rows))
+        summary.update(steps=int(trainer.global_step), best_step=int(best["step"]), evaluations=len(history.rows))
     if cfg.task != "uea":
         summary["data"] = {k: v for k, v in dm.info.items() if isinstance(v, str | int | float | bool)}
         summary["majority_class_test_acc"] = _majority_baseline(dm)

@@ -24,3 +24,15 @@ def test_one_real_training_step(tmp_path):
     assert data["kind"] == "lra" and len(data["records"]) == 2
     table = lra_table(recs)
     assert "transformer" in table and "x)" in table and "paper" in table
+
+
+def test_profile_command_prints_time_and_memory_tables(tmp_path):
+    from primaldual.cli import main
+
+    out = tmp_path / "profile.txt"
+    rc = main(
+        ["bench", "profile", "--task", "image", "--model", "primalformer", "--batch", "1", "--steps", "1"]
+        + ["--threads", "1", "--rows", "5", "--out", str(out)]
+    )
+    text = out.read_text()
+    assert rc == 0 and "by self cpu time" in text and "by memory allocated" in text and "Self CPU" in text
