@@ -58,6 +58,14 @@ class SweepConfig:
     mem_limit_gb: float = 16.0
     threads: int = 0
     options: dict[str, dict[str, Any]] | None = None
+    quadratic_max: int | None = None  # skip N above this for mechanisms with O(N^2) time
+
+
+def _is_quadratic(name: str) -> bool:
+    from primaldual.attention.registry import list_attentions
+
+    caps = {i.name: i.capabilities for i in list_attentions()}
+    return name in caps and "N^2" in caps[name].time
 
 
 def machine_info(device: str = "cpu") -> dict[str, Any]:
@@ -253,6 +261,8 @@ def run_sweep(cfg: SweepConfig, out: Path, progress: bool = True) -> list[dict[s
             case.pop(k)
         if (attn, mode) in failed:
             res = {"status": "skipped", "error": "failed at a smaller N"}
+        elif cfg.quadratic_max is not None and n > cfg.quadratic_max and _is_quadratic(attn):
+            res = {"status": "skipped", "error": f"O(N^2) mechanism, N > --quadratic-max {cfg.quadratic_max}"}
         else:
             res = run_case(case)
             if res["status"] != "ok":
@@ -341,6 +351,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mem-limit-gb", type=float, default=16.0, help="address-space cap per CPU case")
     p.add_argument("--threads", type=int, default=0, help="torch threads per case (0 = default)")
     p.add_argument("--options", default="{}", help='JSON per-attention options, e.g. {"primal": {"s": 20}}')
+    p.add_argument(
+        "--quadratic-max",
+        type=int,
+        default=None,
+        help="skip N above this for O(N^2) mechanisms (recorded as skipped), to spend the time on linear ones",
+    )
     p.add_argument("--out", default="runs/bench/layers.json")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
 
@@ -373,6 +389,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         mem_limit_gb=args.mem_limit_gb,
         threads=args.threads,
         options=json.loads(args.options),
+        quadratic_max=args.quadratic_max,
     )
     bad = [m for m in cfg.modes if m not in ("fwd", "fwd_bwd")]
     if bad:

@@ -36,6 +36,15 @@ def test_oom_is_recorded_not_raised(tmp_path):
     assert records[0]["status"] == "oom" and records[1]["status"] == "skipped"
 
 
+def test_quadratic_mechanisms_skip_lengths_above_the_cap(tmp_path):
+    cfg = SweepConfig(
+        attentions=["softmax", "linear"], lengths=[32, 64], modes=["fwd"], repeats=1, warmup=0, quadratic_max=32
+    )
+    records = run_sweep(cfg, tmp_path / "q.json", progress=False)
+    status = {(r["attention"], r["length"]): r["status"] for r in records}
+    assert status == {("softmax", 32): "ok", ("softmax", 64): "skipped", ("linear", 32): "ok", ("linear", 64): "ok"}
+
+
 def test_fit_slope():
     assert abs(fit_slope([1, 2, 4, 8], [3, 6, 12, 24]) - 1.0) < 1e-9
     assert fit_slope([1], [1]) is None
