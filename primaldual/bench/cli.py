@@ -16,11 +16,17 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
+    from .layers import profile_layer
     from .lra import TASKS, profile_case
 
-    case = {"task": args.task, "model": args.model, "batch": args.batch or TASKS[args.task]["batch"]}
-    case.update(device=args.device, threads=args.threads, amp=args.amp)
-    text = profile_case(case, steps=args.steps, rows=args.rows)
+    if args.layer:
+        case = {"attention": args.layer, "length": args.length, "mode": args.mode, "batch": args.batch or 4}
+        case.update(dim=args.dim, heads=args.heads, dtype="float32", device=args.device, threads=args.threads)
+        text = profile_layer(case, calls=args.steps, rows=args.rows)
+    else:
+        case = {"task": args.task, "model": args.model, "batch": args.batch or TASKS[args.task]["batch"]}
+        case.update(device=args.device, threads=args.threads, amp=args.amp)
+        text = profile_case(case, steps=args.steps, rows=args.rows)
     print(text)
     if args.out:
         from ..data.cache import atomic_write_bytes
@@ -41,11 +47,18 @@ def register(subparsers) -> None:
     p = sub.add_parser("lra", help="time per 1K training steps and peak memory on LRA task shapes")
     lra.add_arguments(p)
     p.set_defaults(func=lra.run_from_args)
-    p = sub.add_parser("profile", help="torch.profiler tables (time, memory) of LRA training steps for one case")
+    p = sub.add_parser(
+        "profile", help="torch.profiler tables (time, memory): LRA training steps of one model, or one --layer"
+    )
+    p.add_argument("--layer", default=None, help="profile this attention layer alone (as the layer sweep does)")
+    p.add_argument("--length", type=int, default=16384, help="--layer: sequence length N")
+    p.add_argument("--mode", default="fwd_bwd", choices=["fwd", "fwd_bwd"], help="--layer: what one call does")
+    p.add_argument("--dim", type=int, default=64, help="--layer: width")
+    p.add_argument("--heads", type=int, default=2, help="--layer: heads")
     p.add_argument("--task", default="listops", choices=list(lra.TASKS))
     p.add_argument("--model", default="transformer", choices=list(lra.MODELS))
     p.add_argument("--batch", type=int, default=None, help="default: the paper's batch for the task")
-    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--steps", type=int, default=2, help="profiled training steps (or layer calls)")
     p.add_argument("--rows", type=int, default=12)
     p.add_argument("--device", default="cpu")
     p.add_argument("--amp", action="store_true")

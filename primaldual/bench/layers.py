@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PEERS", "SweepConfig", "machine_info", "run_sweep"]
+__all__ = ["PEERS", "SweepConfig", "machine_info", "profile_layer", "run_sweep"]
 
 # Peers from PyPI (the 'bench' extra): name -> (module, builder source) built in the worker.
 PEERS = ("performer", "nystrom")
@@ -65,7 +65,8 @@ def _is_quadratic(name: str) -> bool:
     from primaldual.attention.registry import list_attentions
 
     caps = {i.name: i.capabilities for i in list_attentions()}
-    return name in caps and "N^2" in caps[name].time
+    # softmax-family time strings: "O(N^2 D)", and "O(N D sum_h N/r_h)" for scaled heads (quadratic in N as well)
+    return name in caps and ("N^2" in caps[name].time or "N/r_h" in caps[name].time)
 
 
 def machine_info(device: str = "cpu") -> dict[str, Any]:
@@ -131,10 +132,11 @@ def _build_layer(name: str, dim: int, heads: int, opts: dict[str, Any], device, 
     return layer.to(device=device, dtype=dtype), isinstance(layer, torch.nn.Module)
 
 
-def _worker(case: dict[str, Any]) -> dict[str, Any]:
+def _case_call(case: dict[str, Any]) -> tuple[Any, Any]:
+    """One timed call of a case (forward, or forward + backward) and a device sync."""
     import torch
 
-    if case["threads"]:
+    if case.get("threads"):
         torch.set_num_threads(case["threads"])
     device = torch.device(case["device"])
     dtype = getattr(torch, case["dtype"])
@@ -161,6 +163,41 @@ def _worker(case: dict[str, Any]) -> dict[str, Any]:
             loss.backward()
             x.grad = None
             layer.zero_grad(set_to_none=True)
+
+    return call, sync
+
+
+def profile_layer(case: dict[str, Any], calls: int = 2, rows: int = 12) -> str:
+    """torch.profiler over ``calls`` calls of one layer case (after one warm-up): top ops by self time and by the
+    memory they allocate. Used to explain a missed slope or ratio target."""
+    from torch.profiler import ProfilerActivity, profile
+
+    call, sync = _case_call(case)
+    call()
+    sync()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if case["device"].startswith("cuda") else [])
+    with profile(activities=acts, profile_memory=True) as prof:
+        for _ in range(calls):
+            call()
+        sync()
+    ev = prof.key_averages()
+    dev = "cuda" if case["device"].startswith("cuda") else "cpu"
+    head = f"{case['attention']} {case['mode']} N={case['length']} B={case['batch']} dim={case['dim']}, {calls} calls"
+    return "\n".join(
+        [
+            f"# {head}: by self {dev} time",
+            ev.table(sort_by=f"self_{dev}_time_total", row_limit=rows),
+            f"# {head}: by memory allocated by the op itself",
+            ev.table(sort_by=f"self_{dev}_memory_usage", row_limit=rows),
+        ]
+    )
+
+
+def _worker(case: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    device = torch.device(case["device"])
+    call, sync = _case_call(case)
 
     reset_ok = True
     if device.type == "cuda":
