@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PEERS", "SweepConfig", "machine_info", "profile_layer", "run_sweep"]
+__all__ = ["PEERS", "SweepConfig", "machine_info", "profile_layer", "profile_tables", "run_sweep"]
 
 # Peers from PyPI (the 'bench' extra): name -> (module, builder source) built in the worker.
 PEERS = ("performer", "nystrom")
@@ -167,22 +167,21 @@ def _case_call(case: dict[str, Any]) -> tuple[Any, Any]:
     return call, sync
 
 
-def profile_layer(case: dict[str, Any], calls: int = 2, rows: int = 12) -> str:
-    """torch.profiler over ``calls`` calls of one layer case (after one warm-up): top ops by self time and by the
-    memory they allocate. Used to explain a missed slope or ratio target."""
+def profile_tables(call: Any, sync: Any, device: str, calls: int, head: str, rows: int = 12) -> str:
+    """torch.profiler over ``calls`` calls of ``call`` (after one warm-up call): the top ops by self time and by the
+    memory they allocate themselves, as two tables headed by ``head``. Used to explain missed efficiency targets."""
     from torch.profiler import ProfilerActivity, profile
 
-    call, sync = _case_call(case)
     call()
     sync()
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if case["device"].startswith("cuda") else [])
+    cuda = device.startswith("cuda")
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=acts, profile_memory=True) as prof:
         for _ in range(calls):
             call()
         sync()
     ev = prof.key_averages()
-    dev = "cuda" if case["device"].startswith("cuda") else "cpu"
-    head = f"{case['attention']} {case['mode']} N={case['length']} B={case['batch']} dim={case['dim']}, {calls} calls"
+    dev = "cuda" if cuda else "cpu"
     return "\n".join(
         [
             f"# {head}: by self {dev} time",
@@ -191,6 +190,13 @@ def profile_layer(case: dict[str, Any], calls: int = 2, rows: int = 12) -> str:
             ev.table(sort_by=f"self_{dev}_memory_usage", row_limit=rows),
         ]
     )
+
+
+def profile_layer(case: dict[str, Any], calls: int = 2, rows: int = 12) -> str:
+    """:func:`profile_tables` of one layer case of the sweep (e.g. to explain a missed slope)."""
+    call, sync = _case_call(case)
+    head = f"{case['attention']} {case['mode']} N={case['length']} B={case['batch']} dim={case['dim']}, {calls} calls"
+    return profile_tables(call, sync, case["device"], calls, head, rows)
 
 
 def _worker(case: dict[str, Any]) -> dict[str, Any]:

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .layers import _status_kb, machine_info, run_worker
+from .layers import _status_kb, machine_info, profile_tables, run_worker
 
 __all__ = ["MODELS", "TASKS", "build_case", "lra_table", "profile_case", "run_lra"]
 
@@ -139,32 +139,14 @@ def _worker(case: dict[str, Any]) -> dict[str, Any]:
 
 
 def profile_case(case: dict[str, Any], steps: int = 2, rows: int = 12) -> str:
-    """torch.profiler over ``steps`` training steps (after one warm-up): the top ops by self time and by the memory
-    they allocate themselves, as two tables. This is how a missed efficiency target is explained."""
+    """:func:`~primaldual.bench.layers.profile_tables` of ``steps`` LRA training steps of one (task, model) case."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     if case.get("threads"):
         torch.set_num_threads(case["threads"])
     _, step, sync = build_case(case)
-    step()
-    sync()
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if case["device"].startswith("cuda") else [])
-    with profile(activities=acts, profile_memory=True, record_shapes=False) as prof:
-        for _ in range(steps):
-            step()
-        sync()
-    ev = prof.key_averages()
-    dev = "cuda" if case["device"].startswith("cuda") else "cpu"
     head = f"{case['task']} / {case['model']} / batch {case['batch']}, {steps} profiled steps"
-    return "\n".join(
-        [
-            f"# {head}: by self {dev} time",
-            ev.table(sort_by=f"self_{dev}_time_total", row_limit=rows),
-            f"# {head}: by memory allocated by the op itself",
-            ev.table(sort_by=f"self_{dev}_memory_usage", row_limit=rows),
-        ]
-    )
+    return profile_tables(step, sync, case["device"], steps, head, rows)
 
 
 def _reset_peak(device) -> int:

@@ -41,7 +41,7 @@ from ..data.uea import stratified_split
 from .config import ConfigError, DataConfig
 from .datamodule import _TrainerEpochSampler
 
-__all__ = ["LRA_DATASETS", "LRADataModule", "build_lra_splits"]
+__all__ = ["LRA_DATASETS", "LRADataModule", "build_lra_splits", "labels_of"]
 
 # task -> data names it accepts (the first is the real LRA dataset)
 LRA_DATASETS: dict[str, tuple[str, ...]] = {
@@ -54,13 +54,16 @@ LRA_DATASETS: dict[str, tuple[str, ...]] = {
 _SPLIT_SEED = 0  # data splits do not depend on the run seed
 
 
-def _labels(ds: Dataset) -> np.ndarray:
+def labels_of(ds: Dataset) -> np.ndarray:
+    """Labels of a dataset (through ``Subset`` views) without loading its inputs."""
+    if isinstance(ds, Subset):
+        return labels_of(ds.dataset)[np.asarray(ds.indices, dtype=np.int64)]
     return np.asarray(ds.labels)
 
 
 def _carve(ds: Dataset, fraction: float) -> tuple[Subset, Subset]:
     """Stratified (train, val) subsets of a dataset that ships without a validation split."""
-    tr, va = stratified_split(_labels(ds), fraction, _SPLIT_SEED)
+    tr, va = stratified_split(labels_of(ds), fraction, _SPLIT_SEED)
     return Subset(ds, tr.tolist()), Subset(ds, va.tolist())
 
 
@@ -153,16 +156,11 @@ def build_lra_splits(cfg: DataConfig, task: str) -> dict[str, Dataset]:
     return splits
 
 
-def _info(ds: Dataset) -> dict[str, Any]:
+def _attr(ds: Dataset, name: str, default: Any = None) -> Any:
+    """An attribute of the dataset under any ``Subset`` views."""
     while isinstance(ds, Subset):
         ds = ds.dataset
-    return dict(getattr(ds, "info", {}))
-
-
-def _attr(ds: Dataset, name: str) -> Any:
-    while isinstance(ds, Subset):
-        ds = ds.dataset
-    return getattr(ds, name, None)
+    return getattr(ds, name, default)
 
 
 class LRADataModule(L.LightningDataModule):
@@ -193,7 +191,7 @@ class LRADataModule(L.LightningDataModule):
         self.vocab_size = int(_attr(train, "vocab_size"))
         self.num_classes = int(_attr(train, "num_classes"))
         self.sizes = {k: len(v) for k, v in self.datasets.items()}
-        self.info = _info(self.datasets["test"])
+        self.info = dict(_attr(self.datasets["test"], "info", {}))
 
     @property
     def eval_splits(self) -> list[str]:

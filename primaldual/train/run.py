@@ -29,13 +29,12 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from torch import nn
-from torch.utils.data import Subset
 
 from ..models import RetrievalClassifier, SequenceClassifier, TimeSeriesClassifier
 from .callbacks import AtomicCheckpointIO, EpochHistory, EpochSeed, atomic_write
 from .config import ConfigError, RunConfig, dump_config
 from .datamodule import UEADataModule
-from .lra_data import LRADataModule
+from .lra_data import LRADataModule, labels_of
 from .module import ClassificationModule
 from .protocols import get_protocol
 
@@ -257,17 +256,10 @@ def evaluate(
     return run(module, dm, ckpt_path=str(path), weights_only=False)
 
 
-def _labels_of(ds: Any) -> np.ndarray:
-    """Labels of a dataset (through ``Subset`` views) without loading its inputs."""
-    if isinstance(ds, Subset):
-        return _labels_of(ds.dataset)[np.asarray(ds.indices)]
-    return np.asarray(ds.labels)
-
-
 def _majority_baseline(dm: LRADataModule) -> float:
     """Test accuracy of always predicting the most frequent training class."""
-    majority = np.bincount(_labels_of(dm.datasets["train"])).argmax()
-    return float((_labels_of(dm.datasets["test"]) == majority).mean())
+    majority = np.bincount(labels_of(dm.datasets["train"])).argmax()
+    return float((labels_of(dm.datasets["test"]) == majority).mean())
 
 
 def set_threads(n: int | None) -> None:
