@@ -48,7 +48,16 @@ PAPER = {
     "image": (334.5, 142.9, 5.88, 1.39),
     "pathfinder": (405.5, 180.0, 5.88, 1.52),
 }
-MODELS = ("transformer", "primalformer", "primal_plus", "linear", "softmax_bn", "softmax_sh", "softmax_bn_sh")
+MODELS = (
+    "transformer",
+    "primalformer",
+    "primal_plus",
+    "linear",
+    "softmax_bn",
+    "softmax_sh",
+    "softmax_bn_sh",
+    "linear_bn",
+)
 
 
 def model_attention(model: str, task: str) -> tuple[list[str], list[dict[str, Any]]]:

@@ -10,7 +10,16 @@ import yaml
 from primaldual.attention.registry import attention_options
 
 ROOT = Path(__file__).resolve().parents[2] / "configs" / "lra"
-MODELS = ("transformer", "primalformer", "primal_plus", "softmax_bn", "softmax_sh", "softmax_bn_sh", "linear")
+MODELS = (
+    "transformer",
+    "primalformer",
+    "primal_plus",
+    "softmax_bn",
+    "softmax_sh",
+    "softmax_bn_sh",
+    "linear",
+    "linear_bn",
+)
 # task: (length, batch, steps, warm-up, PrimalFormer s/eta, Primal.+ s/eta)
 REFERENCE = {
     "listops": (2048, 32, 5000, 1000, (20, 0.1), (30, 0.05)),
