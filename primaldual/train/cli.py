@@ -79,8 +79,9 @@ def _cmd_seeds(args: argparse.Namespace) -> int:
     table = format_table(summaries, "primaldual " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     print(table)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(table + "\n")
+        from ..data.cache import atomic_write_text
+
+        atomic_write_text(args.out, table + "\n")
     return 0
 
 

@@ -67,22 +67,35 @@ def run_seeds(
             print(f"[done ] {cfg.name} {cfg.protocol} seed {cfg.seed} in {time.time() - t0:.0f}s", flush=True)
         return json.loads(done.read_text())
 
+    # Every run gets its chance before a failure is reported: one crashed run must not cancel the others.
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(go, plan))
+        futures = [pool.submit(go, item) for item in plan]
+    failed = [str(f.exception()) for f in futures if f.exception() is not None]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(plan)} runs failed:\n" + "\n".join(failed))
+    return [f.result() for f in futures]
 
 
 def format_table(summaries: list[dict[str, Any]], command: str | None = None) -> str:
-    """Markdown table: one row per config, one column per protocol, test accuracy mean +- std (n seeds)."""
-    names = list(dict.fromkeys(s["name"] for s in summaries))
+    """Markdown table: one row per (dataset, config), one column per protocol, test accuracy mean +- std (n seeds).
+
+    Rows are keyed by dataset as well as config name, so configs of different tasks that share a name (the LRA
+    ``transformer_reduced`` of ListOps and of Image) are never averaged together; a dataset column appears when
+    the summaries span more than one dataset.
+    """
+    rows = list(dict.fromkeys((s["dataset"], s["name"]) for s in summaries))
     protocols = list(dict.fromkeys(s["protocol"] for s in summaries))
-    datasets = sorted({s["dataset"] for s in summaries})
-    head = ["model"] + [get_protocol(p).label for p in protocols]
+    datasets = list(dict.fromkeys(s["dataset"] for s in summaries))
+    several = len(datasets) > 1
+    head = (["dataset"] if several else []) + ["model"] + [get_protocol(p).label for p in protocols]
     lines = [f"Test accuracy (%) on {', '.join(datasets)}, mean +- std over seeds", ""]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for name in names:
-        cells = [name]
+    for dataset, name in rows:
+        cells = ([dataset] if several else []) + [name]
         for p in protocols:
-            acc = [100 * s["test_acc"] for s in summaries if s["name"] == name and s["protocol"] == p]
+            acc = [
+                100 * s["test_acc"] for s in summaries if (s["dataset"], s["name"], s["protocol"]) == (dataset, name, p)
+            ]
             if not acc:
                 cells.append("-")
                 continue
