@@ -3,7 +3,8 @@
 For each run directory written by ``primaldual fit`` (its ``config.yaml`` rebuilds the data and the model), the
 chosen checkpoint is loaded, ``--samples`` examples of ``--split`` are fed through the model and
 :func:`primaldual.analysis.report.analyze_model` measures every attention layer. Written to
-``<run_dir>/analysis/`` (or ``--out``/<run name>): ``analysis.json`` and ``spectra.png`` (the paper-style grid of
+``<run_dir>/analysis/`` (or ``--out``/<label>, the label made file-name safe; runs of one config are told apart by
+their directory names): ``analysis.json`` and ``spectra.png`` (the paper-style grid of
 cumulative spectra per layer and head). With several runs, ``--out`` also gets ``compare_spectra.png`` (head-mean
 curves of all runs per layer) and ``summary.md`` (one row per run and layer).
 """
@@ -11,6 +12,7 @@ curves of all runs per layer) and ``summary.md`` (one row per run and layer).
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -98,6 +100,9 @@ def _cmd(args: argparse.Namespace) -> int:
     if args.labels and len(args.labels) != len(args.runs):
         print(f"primaldual analyze: error: --labels needs {len(args.runs)} names", file=sys.stderr)
         return 2
+    if args.labels and len(set(args.labels)) != len(args.labels):
+        print(f"primaldual analyze: error: --labels must be distinct, got {args.labels}", file=sys.stderr)
+        return 2
     results: dict[str, dict[str, Any]] = {}
     for i, run in enumerate(args.runs):
         try:
@@ -106,7 +111,9 @@ def _cmd(args: argparse.Namespace) -> int:
             print(f"primaldual analyze: error: {e}", file=sys.stderr)
             return 2
         label = args.labels[i] if args.labels else res["name"]
-        out = Path(args.out) / label if args.out else Path(run) / "analysis"
+        if label in results:  # two runs of one config (seeds, --attention overrides): name them by directory
+            label = f"{label} ({Path(run).name})"
+        out = Path(args.out) / _slug(label) if args.out else Path(run) / "analysis"
         write_json(res, out / "analysis.json")
         title = f"{label}: {res['dataset']} {res['split']}, {res['samples']} samples"
         plot_spectra(res, out / "spectra.png", title=title)
@@ -120,6 +127,11 @@ def _cmd(args: argparse.Namespace) -> int:
         atomic_write_bytes(out / "summary.md", (table + "\n").encode())
         print(f"wrote {out / 'compare_spectra.png'} and {out / 'summary.md'}")
     return 0
+
+
+def _slug(label: str) -> str:
+    """A directory name for a label: runs of characters other than letters, digits and ``._+-`` become ``_``."""
+    return re.sub(r"[^A-Za-z0-9._+-]+", "_", label).strip("_") or "run"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

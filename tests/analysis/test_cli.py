@@ -49,6 +49,12 @@ def test_analyze_compares_runs_and_reports_errors(tmp_path):
     run([*cmd, "--out", str(out), "--labels", "Transformer", "PrimalFormer", "--split", "val"])
     assert (out / "compare_spectra.png").is_file() and (out / "Transformer" / "spectra.png").is_file()
     assert "| PrimalFormer | 1 | primal |" in (out / "summary.md").read_text()
+    # both runs come from the config "tiny": without --labels they are told apart by directory, none overwritten
+    run([*cmd, "--out", str(tmp_path / "plain")])
+    assert sorted(p.name for p in (tmp_path / "plain").iterdir() if p.is_dir()) == ["tiny", "tiny_primal"]
+    assert "| tiny (primal) | 1 | primal |" in (tmp_path / "plain" / "summary.md").read_text()
+    bad = subprocess.run([*cmd, "--labels", "A", "A"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "distinct" in bad.stderr
     bad = subprocess.run([*cmd[:4], str(tmp_path / "nowhere")], capture_output=True, text=True)
     assert bad.returncode == 2 and "config.yaml" in bad.stderr
     bad = subprocess.run([*cmd, "--split", "unlabelled"], capture_output=True, text=True)
