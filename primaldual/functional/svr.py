@@ -18,7 +18,7 @@ head order.
 
 The defaults are **this project's reading of the derivation**, not the paper's numbers (the paper's code and
 hyperparameters are not public): ``beta=1``, divide by the standard deviation, ``eps=1e-5``, statistics over the
-real tokens of each sequence, factor ladder ``1, 1, 2, 2, 4, 4, ...``, average pooling.
+real tokens of each sequence, factor ladder ``1, 1, 2, 2, 4, 4, ...`` (``1, 2, 4`` below 4 heads), average pooling.
 
 Choices made here, and why:
 
@@ -168,8 +168,13 @@ def _normalise(t: Tensor, mu: Tensor, std: Tensor | None, beta: float) -> Tensor
 
 
 def factor_ladder(num_heads: int) -> list[int]:
-    """The default factors ``1, 1, 2, 2, 4, 4, ...`` truncated to ``num_heads`` (two heads per octave)."""
-    return [2 ** (h // 2) for h in range(num_heads)]
+    """The default factors: ``1, 1, 2, 2, 4, 4, ...`` (two heads per octave) for 4 or more heads, ``1, 2, 4``
+    (one per octave) for 2 or 3 heads, so that at least one head is always downsampled (the two-per-octave
+    ladder of 2 heads is ``1, 1``: SH would silently be plain multi-head attention). One head: ``[1]``, no
+    downsampling; pass ``factors`` explicitly.
+    """
+    per_octave = 2 if num_heads >= 4 else 1
+    return [2 ** (h // per_octave) for h in range(num_heads)]
 
 
 def check_factors(factors: Sequence[int] | None, num_heads: int) -> list[int]:

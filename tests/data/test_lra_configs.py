@@ -50,6 +50,8 @@ def test_reference_config(task, model):
         opts = [x for x in m["attention_options"] if x]
         assert all((x["s"], x["eta"]) == (s, eta) for x in opts)
         assert names == (["primal", "primal"] if model == "primalformer" else ["softmax", "primal"])
+    if model.endswith("_sh"):  # 2 heads: the factors must pool at least one head, or SH is plain softmax
+        assert max(m["attention_options"]["factors"]) > 1
 
 
 @pytest.mark.parametrize("task", sorted(REFERENCE))

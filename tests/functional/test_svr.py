@@ -134,7 +134,9 @@ def test_statistics_exclude_padding_and_prefix_matches_full():
 
 def test_ladder_and_memory_ratio():
     assert factor_ladder(8) == [1, 1, 2, 2, 4, 4, 8, 8]
-    assert factor_ladder(3) == [1, 1, 2]
+    assert factor_ladder(4) == [1, 1, 2, 2]
+    # fewer than 4 heads: one per octave, so SH never silently equals plain multi-head attention
+    assert factor_ladder(3) == [1, 2, 4] and factor_ladder(2) == [1, 2] and factor_ladder(1) == [1]
     assert memory_ratio([1, 1, 2, 2, 4, 4, 8, 8]) == pytest.approx(3.75 / 8)
     assert memory_ratio([2, 2], grid=(4, 4)) == pytest.approx(0.25)
 
