@@ -51,7 +51,7 @@ def _config(tmp_path, root, **changes):
 
 def test_every_lra_config_loads_with_the_lra_protocol():
     names = list_configs("lra/")
-    assert len(names) == 70  # 5 tasks x 7 models, reference and reduced
+    assert len(names) == 80  # 5 tasks x 8 models, reference and reduced
     for name in names:
         cfg = load_config(name)
         assert cfg.step_based and cfg.protocol == "heldout" and cfg.trainer.val_check_interval
