@@ -15,9 +15,9 @@ name               what changes against ``softmax`` / ``linear``                
 =================  ==========================================================  =======
 
 Option defaults (``beta=1``, ``divide_std=True``, ``bn_eps=1e-5``, ``stats_over="tokens"``,
-``factors=None`` = ladder ``1, 1, 2, 2, 4, 4, ...`` (``1, 2, 4`` below 4 heads), ``pooling="avg"``, ``stats_from="pooled"``) are this project's
-reading of the derivation in the paper's framework, **not** hyperparameters taken from the paper, whose code and
-settings are not public. The kernels, the causal rules and the meaning of the returned weights are documented in
+``factors=None`` = ladder ``1, 1, 2, 2, 4, 4, ...`` (``1, 2, 4`` below 4 heads), ``pooling="avg"``,
+``stats_from="pooled"``) are this project's reading of the derivation in the paper's framework, **not**
+hyperparameters taken from the paper, whose code and settings are not public. The kernels, the causal rules and the meaning of the returned weights are documented in
 :mod:`primaldual.functional.svr`; ``docs/svr_framework.md`` walks through the derivation.
 """
 
@@ -199,7 +199,8 @@ class SoftmaxSHAttention(_SVRAttention):
     Queries stay at full length. Heads sharing a factor run as one batched group.
 
     Args:
-        factors: per-head factors ``r_h >= 1`` (one int for all heads; default ladder ``1, 1, 2, 2, 4, 4, ...``, ``1, 2, 4`` below 4 heads).
+        factors: per-head factors ``r_h >= 1`` (one int for all heads; default ladder ``1, 1, 2, 2, 4, 4, ...``,
+            ``1, 2, 4`` below 4 heads).
         pooling: ``"avg"`` (padding-aware average pooling, stride r) or ``"stride"`` (every r-th token).
         grid: ``(gh, gw)`` to pool a row-major patch grid with ``r x r`` windows (non-causal only).
         num_cls: leading tokens (e.g. CLS) left unpooled in grid mode.
