@@ -18,7 +18,8 @@ Option defaults (``beta=1``, ``divide_std=True``, ``bn_eps=1e-5``, ``stats_over=
 ``factors=None`` = ladder ``1, 1, 2, 2, 4, 4, ...`` (``1, 2, 4`` below 4 heads), ``pooling="avg"``,
 ``stats_from="pooled"``) are this project's reading of the derivation in the paper's framework, **not**
 hyperparameters taken from the paper, whose code and settings are not public. The kernels, the causal rules and
-the meaning of the returned weights are documented in :mod:`primaldual.functional.svr`; ``docs/svr_framework.md`` walks through the derivation.
+the meaning of the returned weights are documented in :mod:`primaldual.functional.svr`; ``docs/svr_framework.md``
+walks through the derivation.
 """
 
 from __future__ import annotations
