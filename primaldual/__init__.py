@@ -24,7 +24,7 @@ from .attention.primal import PrimalAttention, PrimalState
 from .aux_loss import AuxLossMixin, collect_aux_loss
 from .checks import set_input_checks
 from .encoder import Encoder, EncoderBlock, LearnedPositionalEncoding, SinusoidalPositionalEncoding
-from .primalformer import primal_plus, primalformer
+from .models.plans import primal_plus, primalformer
 
 __version__ = "0.1.0"
 

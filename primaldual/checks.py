@@ -63,7 +63,10 @@ def check_heads(dim: int, num_heads: int, head_dim: int | None) -> int:
 
 
 def check_tokens(x: Tensor, dim: int, name: str = "x") -> None:
-    """``x`` must be a floating ``(B, N, dim)`` tensor."""
+    """``x`` must be a floating ``(B, N, dim)`` tensor (shape and dtype only: free, no host synchronisation).
+
+    Values (NaN / Inf) are checked once at model entry by :func:`check_finite`, not in every layer.
+    """
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of shape (B, N, {dim}), got {type(x).__name__}")
     if x.dim() != 3:
@@ -72,7 +75,6 @@ def check_tokens(x: Tensor, dim: int, name: str = "x") -> None:
         raise ValueError(f"{name} must have last dimension {dim} (the layer's dim), got shape {tuple(x.shape)}")
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
-    check_finite(x, name)
 
 
 def check_mask(mask: Tensor | None, batch: int, length: int, device: torch.device, name: str = "mask"):

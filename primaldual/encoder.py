@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from .attention.registry import build_attention
-from .checks import check_mask, check_tokens
+from .checks import check_finite, check_mask, check_tokens
 
 __all__ = [
     "DropPath",
@@ -197,6 +197,7 @@ class Encoder(nn.Module):
     ) -> Tensor | tuple[Tensor, list[Tensor | None]]:
         """x ``(B, N, dim)``; mask ``(B, N)`` bool (True = real). Returns ``(B, N, dim)`` [and per-layer weights]."""
         check_tokens(x, self.dim, "x")
+        check_finite(x, "x")  # the one value check of a forward (a host sync; off with set_input_checks(False))
         mask = check_mask(mask, x.shape[0], x.shape[1], x.device, "mask")
         weights: list[Tensor | None] = []
         for block in self.blocks:

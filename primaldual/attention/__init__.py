@@ -5,9 +5,9 @@ Importing this package registers every built-in mechanism.
 
 from . import linear, primal, softmax, sparse, svr  # noqa: F401  (registration side effects)
 from .base import AttentionLayer, QKVAttention
+from .capabilities import Capabilities
 from .registry import (
     AttentionInfo,
-    Capabilities,
     attention_class,
     attention_options,
     attention_table,

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..checks import check_heads, check_mask, check_tokens
-from .registry import Capabilities
+from .capabilities import Capabilities
 
 __all__ = ["AttentionLayer", "QKVAttention"]
 

@@ -6,7 +6,8 @@ from torch import Tensor
 
 from ..functional.linear import linear_attention
 from .base import QKVAttention
-from .registry import Capabilities, register_attention
+from .capabilities import Capabilities
+from .registry import register_attention
 
 __all__ = ["LinearAttention"]
 

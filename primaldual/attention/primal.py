@@ -52,7 +52,8 @@ from ..functional.primal import (
     sample_tokens,
 )
 from .base import AttentionLayer
-from .registry import Capabilities, register_attention
+from .capabilities import Capabilities
+from .registry import register_attention
 
 __all__ = ["PrimalAttention", "PrimalState"]
 
@@ -200,7 +201,10 @@ class PrimalAttention(AttentionLayer, AuxLossMixin):
         src = causal_prefix_mean(x, exact_mask) if self.causal else x  # (B, N, C)
         w = self._weights(x, mask)
         scores, qk = primal_scores_from_input(src, self.qk.weight, self.qk.bias, w, self.eps)
-        self.set_aux_loss(ksvd_loss_from_scores(scores, self.w_e, self.w_r, self.lam, exact_mask, self.ksvd_reduction))
+        if self.records_aux_loss():  # skipped under no_grad
+            self.add_aux_loss(
+                ksvd_loss_from_scores(scores, self.w_e, self.w_r, self.lam, exact_mask, self.ksvd_reduction)
+            )
         ho = self.head_outputs
         if ho._forward_pre_hooks or ho._forward_hooks:
             heads = self.concat(scores.view(B, N, self.num_heads, 2 * self.s))  # (B, N, H, p)

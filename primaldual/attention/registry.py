@@ -3,16 +3,22 @@
 ``build_attention("primal", dim=64, num_heads=2, s=20)`` is the single way configs, encoders and
 benchmarks create attentions, so every registered name goes through the same registry-wide tests.
 Unknown names and unknown options raise errors that list what is valid.
+
+A layer's options are the keyword arguments of its constructors along the MRO (up to the first one without
+``**kwargs``) plus the fields of the frozen option dataclasses it lists in ``option_types`` (how the SVR family
+declares each option group once).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .base import AttentionLayer
+from torch import nn
+
+from .capabilities import Capabilities
 
 __all__ = [
     "AttentionInfo",
@@ -24,33 +30,6 @@ __all__ = [
     "list_attentions",
     "register_attention",
 ]
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What a mechanism supports (checked by the registry-wide tests).
-
-    Attributes:
-        causal: can run with ``causal=True`` (no position sees a later one).
-        non_causal: can run with ``causal=False``.
-        mask: honours the ``(B, N)`` padding mask (True = real token).
-        weights: ``need_weights=True`` returns a ``(B, H, N, N)`` matrix.
-        aux_loss: contributes an auxiliary loss (see :mod:`primaldual.aux_loss`).
-        time: asymptotic time per layer call (N tokens, D width).
-        memory: asymptotic activation memory.
-        weights_meaning: what the returned weights are, for mechanisms without a softmax matrix.
-        equal_lengths: keys/values must have as many tokens as queries (true for all self-attention).
-    """
-
-    causal: bool = True
-    non_causal: bool = True
-    mask: bool = True
-    weights: bool = True
-    aux_loss: bool = False
-    time: str = "O(N^2 D)"
-    memory: str = "O(N^2)"
-    weights_meaning: str = "row-stochastic attention matrix"
-    equal_lengths: bool = True
 
 
 @dataclass(frozen=True)
@@ -88,17 +67,22 @@ def _info(name: str) -> AttentionInfo:
     return _REGISTRY[name]
 
 
-def attention_class(name: str) -> type[AttentionLayer]:
+def attention_class(name: str) -> type[nn.Module]:
     return _info(name).cls
 
 
 def attention_options(name: str) -> dict[str, Any]:
     """The constructor keyword options of ``name`` with their defaults (dim and num_heads excluded).
 
-    Options forwarded through ``**kwargs`` to base classes are collected along the MRO.
+    Options forwarded through ``**kwargs`` to base classes are collected along the MRO; a class's
+    ``option_types`` (frozen dataclasses) contribute their fields.
     """
+    cls = _info(name).cls
     options: dict[str, Any] = {}
-    for klass in _info(name).cls.__mro__:
+    for group in getattr(cls, "option_types", ()):
+        for f in dataclasses.fields(group):
+            options.setdefault(f.name, f.default)
+    for klass in cls.__mro__:
         init = klass.__dict__.get("__init__")
         if init is None:
             continue
@@ -112,7 +96,7 @@ def attention_options(name: str) -> dict[str, Any]:
     return options
 
 
-def build_attention(name: str, dim: int, num_heads: int, **options: Any) -> AttentionLayer:
+def build_attention(name: str, dim: int, num_heads: int, **options: Any) -> nn.Module:
     """Instantiate the attention registered as ``name`` for ``(B, N, dim)`` inputs.
 
     Raises:
@@ -136,11 +120,11 @@ def list_attentions() -> list[AttentionInfo]:
 
 def attention_table() -> str:
     """A plain-text table of the registry (name, capabilities, complexity)."""
-    rows = [("name", "causal", "mask", "weights", "aux loss", "time", "memory")]
+    rows = [("name", "causal", "weights", "aux loss", "time", "memory")]
     for info in list_attentions():
         c = info.capabilities
         causal = "yes" if c.causal and c.non_causal else ("only" if c.causal else "no")
-        rows.append((info.name, causal, _yn(c.mask), _yn(c.weights), _yn(c.aux_loss), c.time, c.memory))
+        rows.append((info.name, causal, _yn(c.weights), _yn(c.aux_loss), c.time, c.memory))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
 

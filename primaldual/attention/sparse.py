@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..functional.sparse import _check_pattern, sparse_attention
+from ..functional.sparse import check_pattern, sparse_attention
 from .base import QKVAttention
-from .registry import Capabilities, register_attention
+from .capabilities import Capabilities
+from .registry import register_attention
 
 __all__ = ["SparseAttention"]
 
@@ -41,7 +42,7 @@ class SparseAttention(QKVAttention):
         **kw,
     ) -> None:
         super().__init__(dim, num_heads, **kw)
-        _check_pattern(window, stride, num_global)
+        check_pattern(window, stride, num_global)
         self.window, self.stride, self.num_global, self.scale = window, stride, num_global, scale
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, key_mask, need_weights: bool):

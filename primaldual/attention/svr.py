@@ -20,57 +20,199 @@ Option defaults (``beta=1``, ``divide_std=True``, ``bn_eps=1e-5``, ``stats_over=
 hyperparameters taken from the paper, whose code and settings are not public. The kernels, the causal rules and
 the meaning of the returned weights are documented in :mod:`primaldual.functional.svr`; ``docs/svr_framework.md``
 walks through the derivation.
+
+Each option group is declared once, as a frozen dataclass that validates itself (:class:`BNOptions`,
+:class:`SHOptions`, :class:`SoftmaxKernelOptions`, :class:`LinearKernelOptions`, ...); a layer lists its groups
+in ``option_types`` and the registry reads the options and defaults from there.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar
 
 from torch import Tensor
 
-from ..functional.svr import _check_bn, _check_pool, check_factors, memory_ratio, svr_attention
+from ..functional.svr import check_bn, check_factors, check_pool, memory_ratio, svr_attention
 from .base import QKVAttention
-from .registry import Capabilities, register_attention
+from .capabilities import Capabilities
+from .registry import register_attention
 
 __all__ = [
+    "BNOptions",
+    "BNSHOptions",
     "LinearBNAttention",
     "LinearBNSHAttention",
+    "LinearKernelOptions",
     "LinearSHAttention",
+    "LinearScanOptions",
+    "SHOptions",
     "SoftmaxBNAttention",
     "SoftmaxBNSHAttention",
+    "SoftmaxKernelOptions",
     "SoftmaxSHAttention",
 ]
 
 _SH_MEMORY = "O(N^2 (1/H) sum_h 1/r_h) eager"
 
 
-class _SVRAttention(QKVAttention):
-    """Shared ``attend`` for the six layers; subclasses call :meth:`_setup` with their options.
+def _strict_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool (True or False), got {value!r}")
 
-    No ``__init__`` here on purpose: the registry lists a layer's options from the constructors along its MRO,
-    and each layer should list only the options it has.
+
+@dataclass(frozen=True)
+class BNOptions:
+    """Attention-BN: q, k normalised with the keys' statistics.
+
+    Attributes:
+        beta: weight on the key mean (0: no centring).
+        divide_std: divide by the keys' standard deviation.
+        bn_eps: added to the variance (> 0).
+        stats_over: ``"tokens"`` (per sequence) or ``"batch"`` (batch x tokens); pads excluded either way.
     """
 
-    kernel: str = "softmax"
+    beta: float = 1.0
+    divide_std: bool = True
+    bn_eps: float = 1e-5
+    stats_over: str = "tokens"
 
-    def _setup(self, bn: dict[str, Any] | None, sh: dict[str, Any] | None, **kernel_opts: Any) -> None:
-        if bn is not None:
-            _check_bn(bn["beta"], bn["bn_eps"], bn["stats_over"])
-            if bn.get("stats_from", "pooled") not in ("pooled", "full"):
-                raise ValueError(f"stats_from must be 'pooled' or 'full', got {bn['stats_from']!r}")
+    def __post_init__(self) -> None:
+        _strict_bool("divide_std", self.divide_std)
+        if isinstance(self.beta, bool):
+            raise TypeError(f"beta must be a finite number (weight on the key mean), got {self.beta!r}")
+        check_bn(self.beta, self.bn_eps, self.stats_over)
+
+
+@dataclass(frozen=True)
+class BNSHOptions(BNOptions):
+    """Attention-BN+SH: :class:`BNOptions` plus where the statistics come from.
+
+    Attributes:
+        stats_from: ``"pooled"`` (each head's downsampled keys, default) or ``"full"`` (its full-resolution keys).
+    """
+
+    stats_from: str = "pooled"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.stats_from not in ("pooled", "full"):
+            raise ValueError(f"stats_from must be 'pooled' or 'full', got {self.stats_from!r}")
+
+
+@dataclass(frozen=True)
+class SHOptions:
+    """Attention-SH: keys and values of head h downsampled by ``factors[h]``.
+
+    Attributes:
+        factors: one int >= 1 for all heads, or one per head (None: the ladder ``1, 1, 2, 2, 4, 4, ...``,
+            ``1, 2, 4`` below 4 heads; resolved against the number of heads by the layer).
+        pooling: ``"avg"`` (padding-aware average pooling, stride r) or ``"stride"`` (every r-th token).
+        grid: ``(gh, gw)`` to pool a row-major patch grid with ``r x r`` windows (non-causal only).
+        num_cls: leading tokens (e.g. CLS) left unpooled in grid mode.
+    """
+
+    factors: Sequence[int] | int | None = None
+    pooling: str = "avg"
+    grid: tuple[int, int] | None = None
+    num_cls: int = 0
+
+    def __post_init__(self) -> None:
+        if self.grid is not None:
+            if isinstance(self.grid, (str, bytes)) or not isinstance(self.grid, Sequence):
+                raise ValueError(f"grid must be None or a pair of ints >= 1, got {self.grid!r}")
+            object.__setattr__(self, "grid", tuple(self.grid))
+        if isinstance(self.num_cls, bool):
+            raise ValueError(f"num_cls must be an int >= 0 (unpooled leading tokens), got {self.num_cls!r}")
+        check_pool(self.pooling, self.grid, self.num_cls)
+
+
+@dataclass(frozen=True)
+class SoftmaxKernelOptions:
+    """The softmax kernel.
+
+    Attributes:
+        scale: logit scale (default ``1 / sqrt(head_dim)``).
+        backend: ``"auto"``, ``"sdpa"`` or ``"eager"`` (as :class:`~primaldual.attention.softmax.SoftmaxAttention`).
+    """
+
+    scale: float | None = None
+    backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.scale is not None and (
+            isinstance(self.scale, bool) or not isinstance(self.scale, (int, float)) or not math.isfinite(self.scale)
+        ):
+            raise ValueError(f"scale must be None or a finite number, got {self.scale!r}")
+        if self.backend not in ("auto", "sdpa", "eager"):
+            raise ValueError(f"backend must be 'auto', 'sdpa' or 'eager', got {self.backend!r}")
+
+
+@dataclass(frozen=True)
+class LinearKernelOptions:
+    """The linear (elu + 1) kernel.
+
+    Attributes:
+        eps: added to the linear-attention normaliser (> 0).
+    """
+
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)) or not self.eps > 0:
+            raise ValueError(f"eps must be a number > 0 (added to the normaliser), got {self.eps!r}")
+        object.__setattr__(self, "eps", float(self.eps))
+
+
+@dataclass(frozen=True)
+class LinearScanOptions(LinearKernelOptions):
+    """The linear kernel with a causal chunked scan.
+
+    Attributes:
+        chunk_size: chunk length of the causal scan (>= 1).
+    """
+
+    chunk_size: int = 64
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.chunk_size, int) or isinstance(self.chunk_size, bool) or self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be an int >= 1, got {self.chunk_size!r}")
+
+
+class _SVRAttention(QKVAttention):
+    """The six SVR-family layers: options come from ``option_types``, ``attend`` runs :func:`svr_attention`.
+
+    Attributes:
+        options: the validated option groups, one frozen dataclass per entry of ``option_types``.
+        bn_options, sh_options, kernel_options: the same, as keyword dictionaries for :func:`svr_attention`
+            (``sh_options["factors"]`` resolved to one int per head).
+    """
+
+    kernel: ClassVar[str] = "softmax"
+    option_types: ClassVar[tuple[type, ...]] = ()
+
+    def __init__(self, dim: int, num_heads: int, **kw: Any) -> None:
+        groups = []
+        for group in type(self).option_types:
+            names = {f.name for f in fields(group)}
+            groups.append(group(**{k: kw.pop(k) for k in list(kw) if k in names}))
+        super().__init__(dim, num_heads, **kw)
+        self.options = tuple(groups)
+        bn = next((asdict(g) for g in groups if isinstance(g, BNOptions)), None)
+        sh = next((asdict(g) for g in groups if isinstance(g, SHOptions)), None)
+        kern = next(asdict(g) for g in groups if isinstance(g, (SoftmaxKernelOptions, LinearKernelOptions)))
         if sh is not None:
             sh["factors"] = check_factors(sh["factors"], self.num_heads)
-            if sh["grid"] is not None:
-                sh["grid"] = tuple(sh["grid"])
-            _check_pool(sh["pooling"], sh["grid"], sh["num_cls"])
             if self.causal and sh["grid"] is not None:
                 raise ValueError("grid pooling is for non-causal patch grids; use grid=None with causal=True")
         if self.kernel == "linear" and self.attn_drop:
             raise ValueError("attn_drop must be 0 for linear attention (no attention matrix is formed)")
-        self.bn_options = dict(bn or {})
-        self.sh_options = dict(sh or {})
-        self.kernel_options = kernel_opts
+        self.bn_options = bn or {}
+        self.sh_options = sh or {}
+        self.kernel_options = kern
 
     @property
     def factors(self) -> list[int]:
@@ -117,34 +259,13 @@ class SoftmaxBNAttention(_SVRAttention):
     real keys of each sequence and head (per channel). Causal use normalises query i with the statistics of keys
     ``j <= i`` (prefix statistics), so nothing leaks from the future.
 
-    Args:
-        beta: weight on the key mean (0: no centring).
-        divide_std: divide by the keys' standard deviation.
-        bn_eps: added to the variance.
-        stats_over: ``"tokens"`` (per sequence) or ``"batch"`` (batch x tokens); pads excluded either way.
-        scale: logit scale (default ``1 / sqrt(head_dim)``).
-        backend: ``"auto"``, ``"sdpa"`` or ``"eager"`` (as :class:`~primaldual.attention.softmax.SoftmaxAttention`).
-        Remaining arguments as :class:`~primaldual.attention.base.AttentionLayer`.
+    Options: :class:`BNOptions` (``beta``, ``divide_std``, ``bn_eps``, ``stats_over``) and
+    :class:`SoftmaxKernelOptions` (``scale``, ``backend``); the rest as
+    :class:`~primaldual.attention.base.AttentionLayer`.
     """
 
     kernel = "softmax"
-
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        *,
-        beta: float = 1.0,
-        divide_std: bool = True,
-        bn_eps: float = 1e-5,
-        stats_over: str = "tokens",
-        scale: float | None = None,
-        backend: str = "auto",
-        **kw,
-    ) -> None:
-        super().__init__(dim, num_heads, **kw)
-        bn = {"beta": beta, "divide_std": bool(divide_std), "bn_eps": bn_eps, "stats_over": stats_over}
-        self._setup(bn, None, scale=scale, backend=_check_backend(backend))
+    option_types = (BNOptions, SoftmaxKernelOptions)
 
 
 @register_attention(
@@ -161,29 +282,12 @@ class LinearBNAttention(_SVRAttention):
 
     Causal use is refused: per-query prefix statistics would change every key's features for every query.
 
-    Args:
-        beta, divide_std, bn_eps, stats_over: as :class:`SoftmaxBNAttention`.
-        eps: added to the linear-attention normaliser.
-        Remaining arguments as :class:`~primaldual.attention.base.AttentionLayer` (``attn_drop`` must be 0).
+    Options: :class:`BNOptions` and :class:`LinearKernelOptions` (``eps``); the rest as
+    :class:`~primaldual.attention.base.AttentionLayer` (``attn_drop`` must be 0).
     """
 
     kernel = "linear"
-
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        *,
-        beta: float = 1.0,
-        divide_std: bool = True,
-        bn_eps: float = 1e-5,
-        stats_over: str = "tokens",
-        eps: float = 1e-6,
-        **kw,
-    ) -> None:
-        super().__init__(dim, num_heads, **kw)
-        bn = {"beta": beta, "divide_std": bool(divide_std), "bn_eps": bn_eps, "stats_over": stats_over}
-        self._setup(bn, None, eps=float(eps))
+    option_types = (BNOptions, LinearKernelOptions)
 
 
 @register_attention(
@@ -199,34 +303,12 @@ class SoftmaxSHAttention(_SVRAttention):
 
     Queries stay at full length. Heads sharing a factor run as one batched group.
 
-    Args:
-        factors: per-head factors ``r_h >= 1`` (one int for all heads; default ladder ``1, 1, 2, 2, 4, 4, ...``,
-            ``1, 2, 4`` below 4 heads).
-        pooling: ``"avg"`` (padding-aware average pooling, stride r) or ``"stride"`` (every r-th token).
-        grid: ``(gh, gw)`` to pool a row-major patch grid with ``r x r`` windows (non-causal only).
-        num_cls: leading tokens (e.g. CLS) left unpooled in grid mode.
-        scale, backend: as :class:`SoftmaxBNAttention`.
-        Remaining arguments as :class:`~primaldual.attention.base.AttentionLayer`.
+    Options: :class:`SHOptions` (``factors``, ``pooling``, ``grid``, ``num_cls``) and
+    :class:`SoftmaxKernelOptions`; the rest as :class:`~primaldual.attention.base.AttentionLayer`.
     """
 
     kernel = "softmax"
-
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        *,
-        factors: Sequence[int] | int | None = None,
-        pooling: str = "avg",
-        grid: tuple[int, int] | None = None,
-        num_cls: int = 0,
-        scale: float | None = None,
-        backend: str = "auto",
-        **kw,
-    ) -> None:
-        super().__init__(dim, num_heads, **kw)
-        sh = {"factors": factors, "pooling": pooling, "grid": grid, "num_cls": num_cls}
-        self._setup(None, sh, scale=scale, backend=_check_backend(backend))
+    option_types = (SHOptions, SoftmaxKernelOptions)
 
 
 @register_attention(
@@ -240,30 +322,12 @@ class SoftmaxSHAttention(_SVRAttention):
 class LinearSHAttention(_SVRAttention):
     """Linear attention with scaled heads: head h's keys and values downsampled by ``r_h``.
 
-    Args:
-        factors, pooling, grid, num_cls: as :class:`SoftmaxSHAttention`.
-        eps: added to the linear-attention normaliser. chunk_size: chunk length of the causal scan.
-        Remaining arguments as :class:`~primaldual.attention.base.AttentionLayer` (``attn_drop`` must be 0).
+    Options: :class:`SHOptions` and :class:`LinearScanOptions` (``eps``, ``chunk_size``); the rest as
+    :class:`~primaldual.attention.base.AttentionLayer` (``attn_drop`` must be 0).
     """
 
     kernel = "linear"
-
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        *,
-        factors: Sequence[int] | int | None = None,
-        pooling: str = "avg",
-        grid: tuple[int, int] | None = None,
-        num_cls: int = 0,
-        eps: float = 1e-6,
-        chunk_size: int = 64,
-        **kw,
-    ) -> None:
-        super().__init__(dim, num_heads, **kw)
-        sh = {"factors": factors, "pooling": pooling, "grid": grid, "num_cls": num_cls}
-        self._setup(None, sh, eps=float(eps), chunk_size=_check_chunk(chunk_size))
+    option_types = (SHOptions, LinearScanOptions)
 
 
 @register_attention(
@@ -277,45 +341,12 @@ class LinearSHAttention(_SVRAttention):
 class SoftmaxBNSHAttention(_SVRAttention):
     """Attention-BN+SH: scaled heads, each normalised with the statistics of its own keys.
 
-    Args:
-        beta, divide_std, bn_eps, stats_over: as :class:`SoftmaxBNAttention`.
-        stats_from: ``"pooled"`` (statistics of each head's downsampled keys, default) or ``"full"``
-            (of its full-resolution keys).
-        factors, pooling, grid, num_cls: as :class:`SoftmaxSHAttention`.
-        scale, backend: as :class:`SoftmaxBNAttention`.
-        Remaining arguments as :class:`~primaldual.attention.base.AttentionLayer`.
+    Options: :class:`BNSHOptions` (:class:`BNOptions` and ``stats_from``), :class:`SHOptions` and
+    :class:`SoftmaxKernelOptions`; the rest as :class:`~primaldual.attention.base.AttentionLayer`.
     """
 
     kernel = "softmax"
-
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        *,
-        beta: float = 1.0,
-        divide_std: bool = True,
-        bn_eps: float = 1e-5,
-        stats_over: str = "tokens",
-        stats_from: str = "pooled",
-        factors: Sequence[int] | int | None = None,
-        pooling: str = "avg",
-        grid: tuple[int, int] | None = None,
-        num_cls: int = 0,
-        scale: float | None = None,
-        backend: str = "auto",
-        **kw,
-    ) -> None:
-        super().__init__(dim, num_heads, **kw)
-        bn = {
-            "beta": beta,
-            "divide_std": bool(divide_std),
-            "bn_eps": bn_eps,
-            "stats_over": stats_over,
-            "stats_from": stats_from,
-        }
-        sh = {"factors": factors, "pooling": pooling, "grid": grid, "num_cls": num_cls}
-        self._setup(bn, sh, scale=scale, backend=_check_backend(backend))
+    option_types = (BNSHOptions, SHOptions, SoftmaxKernelOptions)
 
 
 @register_attention(
@@ -330,51 +361,9 @@ class SoftmaxBNSHAttention(_SVRAttention):
 class LinearBNSHAttention(_SVRAttention):
     """Linear attention with BN and scaled heads. Non-causal only (as :class:`LinearBNAttention`).
 
-    Args:
-        beta, divide_std, bn_eps, stats_over, stats_from: as :class:`SoftmaxBNSHAttention`.
-        factors, pooling, grid, num_cls: as :class:`SoftmaxSHAttention`.
-        eps: added to the linear-attention normaliser.
-        Remaining arguments as :class:`~primaldual.attention.base.AttentionLayer` (``attn_drop`` must be 0).
+    Options: :class:`BNSHOptions`, :class:`SHOptions` and :class:`LinearKernelOptions`; the rest as
+    :class:`~primaldual.attention.base.AttentionLayer` (``attn_drop`` must be 0).
     """
 
     kernel = "linear"
-
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        *,
-        beta: float = 1.0,
-        divide_std: bool = True,
-        bn_eps: float = 1e-5,
-        stats_over: str = "tokens",
-        stats_from: str = "pooled",
-        factors: Sequence[int] | int | None = None,
-        pooling: str = "avg",
-        grid: tuple[int, int] | None = None,
-        num_cls: int = 0,
-        eps: float = 1e-6,
-        **kw,
-    ) -> None:
-        super().__init__(dim, num_heads, **kw)
-        bn = {
-            "beta": beta,
-            "divide_std": bool(divide_std),
-            "bn_eps": bn_eps,
-            "stats_over": stats_over,
-            "stats_from": stats_from,
-        }
-        sh = {"factors": factors, "pooling": pooling, "grid": grid, "num_cls": num_cls}
-        self._setup(bn, sh, eps=float(eps))
-
-
-def _check_backend(backend: str) -> str:
-    if backend not in ("auto", "sdpa", "eager"):
-        raise ValueError(f"backend must be 'auto', 'sdpa' or 'eager', got {backend!r}")
-    return backend
-
-
-def _check_chunk(chunk_size: int) -> int:
-    if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
-    return chunk_size
+    option_types = (BNSHOptions, SHOptions, LinearKernelOptions)

@@ -46,14 +46,16 @@ PADDING_MODES = ("exact", "reference")
 KSVD_REDUCTIONS = ("global", "sample")
 
 
-@torch.compiler.disable
 def even_positions(lengths: Tensor, n: int) -> Tensor:
     """``n`` evenly spaced indices into sequences of the given lengths: ``torch.linspace(0, L - 1, n, dtype=long)``.
 
-    This is the reference code's sampling, computed by ``torch.linspace`` itself, once per distinct length,
-    because its integer rounding (a fused multiply-add, counting down from ``L - 1`` in the second half)
-    differs from ``floor(j (L - 1) / (n - 1))`` at some points (e.g. L=3, n=151, j=75). Kept out of
-    ``torch.compile`` graphs so compiled and eager layers sample the same tokens.
+    The reference code samples with ``torch.linspace``, whose integer rounding is not
+    ``floor(j (L - 1) / (n - 1))``: on CPU it computes ``step * j`` in float64 for the first half and the fused
+    multiply-add ``(L - 1) - step * (n - 1 - j)`` for the second, then truncates, which differs at some points
+    (e.g. L=3, n=151, j=75). This reproduces that arithmetic with plain element-wise float64 ops (the fused
+    multiply-add through error-free transformations), so the positions are computed on the device, for every
+    length at once, with no host synchronisation and inside ``torch.compile`` graphs (whose C++ code is built
+    without floating-point contraction, so the transformations stay exact).
 
     Args:
         lengths: ``(B,)`` integer lengths (0 is allowed and gives index 0).
@@ -62,11 +64,32 @@ def even_positions(lengths: Tensor, n: int) -> Tensor:
     Returns:
         ``(B, n)`` int64 indices in ``[0, max(L - 1, 0)]``.
     """
-    out = torch.empty(lengths.shape[0], n, dtype=torch.long, device=lengths.device)
-    for length in torch.unique(lengths).tolist():
-        pos = torch.linspace(0, max(length - 1, 0), n, dtype=torch.long, device=lengths.device)  # (n,)
-        out[lengths == length] = pos
-    return out
+    last = (lengths.to(torch.float64) - 1.0).clamp_min(0.0)[:, None]  # (B, 1): L - 1
+    if n == 1:
+        return torch.zeros(lengths.shape[0], 1, dtype=torch.long, device=lengths.device)
+    step = last / (n - 1)  # (B, 1)
+    j = torch.arange(n, device=lengths.device, dtype=torch.float64)  # (n,)
+    head = (step * j).trunc()  # (B, n)
+    tail = _fma(-step, (n - 1) - j, last).trunc()  # (B, n)
+    return torch.where(j < n // 2, head, tail).long()
+
+
+def _split(a: Tensor) -> tuple[Tensor, Tensor]:
+    """Veltkamp split of float64 ``a`` into a high and a low half whose product terms are exact."""
+    c = a * 134217729.0  # 2^27 + 1
+    hi = c - (c - a)
+    return hi, a - hi
+
+
+def _fma(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
+    """``a * b + c`` rounded once (float64), from Dekker's exact product and Knuth's exact sum."""
+    p = a * b
+    (a_hi, a_lo), (b_hi, b_lo) = _split(a), _split(b)
+    p_err = ((a_hi * b_hi - p) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo  # a * b = p + p_err exactly
+    s = p + c
+    v = s - p
+    s_err = (p - (s - v)) + (c - v)  # p + c = s + s_err exactly
+    return s + (s_err + p_err)
 
 
 def sample_tokens(x: Tensor, n: int, mask: Tensor | None = None, padding: str = "exact") -> Tensor:

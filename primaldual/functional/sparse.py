@@ -25,7 +25,7 @@ from torch import Tensor
 from ..checks import check_qkv
 from .softmax import softmax_attention
 
-__all__ = ["sparse_attention", "sparse_pattern"]
+__all__ = ["check_pattern", "sparse_attention", "sparse_pattern"]
 
 
 def sparse_pattern(
@@ -44,7 +44,8 @@ def sparse_pattern(
     return allowed
 
 
-def _check_pattern(window: int, stride: int, num_global: int) -> None:
+def check_pattern(window: int, stride: int, num_global: int) -> None:
+    """Validate the sparse pattern options; raises ValueError naming the option."""
     if not isinstance(window, int) or window < 0:
         raise ValueError(f"window must be an int >= 0 (keys within |i - j| <= window), got {window!r}")
     if not isinstance(stride, int) or stride < 0:
@@ -81,7 +82,7 @@ def sparse_attention(
         ``(out (B, H, N, Dv), weights or None)``.
     """
     key_mask = check_qkv(q, k, v, key_mask)
-    _check_pattern(window, stride, num_global)
+    check_pattern(window, stride, num_global)
     B, H, N, D = q.shape
     if k.shape[2] != N:
         raise ValueError(f"sparse attention is self-attention: q and k lengths differ ({N} vs {k.shape[2]})")

@@ -62,7 +62,9 @@ from .softmax import softmax_attention
 __all__ = [
     "bn_attention",
     "bn_sh_attention",
+    "check_bn",
     "check_factors",
+    "check_pool",
     "downsample",
     "factor_ladder",
     "key_statistics",
@@ -82,7 +84,8 @@ _KERNELS = ("softmax", "linear")
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _check_bn(beta: float, eps: float, stats_over: str) -> None:
+def check_bn(beta: float, eps: float, stats_over: str) -> None:
+    """Validate the Attention-BN options (``eps`` is ``bn_eps``); raises ValueError naming the option."""
     if not isinstance(beta, (int, float)) or not math.isfinite(beta):
         raise ValueError(f"beta must be a finite number (weight on the key mean), got {beta!r}")
     if not isinstance(eps, (int, float)) or not eps > 0:
@@ -201,7 +204,8 @@ def memory_ratio(factors: Sequence[int], grid: tuple[int, int] | None = None) ->
     return sum(1.0 / f**p for f in factors) / len(factors)
 
 
-def _check_pool(pooling: str, grid: tuple[int, int] | None, num_cls: int, n: int | None = None) -> None:
+def check_pool(pooling: str, grid: tuple[int, int] | None, num_cls: int, n: int | None = None) -> None:
+    """Validate the Attention-SH pooling options (and, given ``n``, the grid against the sequence length)."""
     if pooling not in ("avg", "stride"):
         raise ValueError(f"pooling must be 'avg' (average pooling) or 'stride' (strided subsampling), got {pooling!r}")
     if not isinstance(num_cls, int) or num_cls < 0:
@@ -270,7 +274,7 @@ def downsample(
     Returns:
         ``(pooled (B, H, M, E), pooled mask (B, M) or None)``; a pooled key with no real token is masked.
     """
-    _check_pool(pooling, grid, num_cls, x.shape[2])
+    check_pool(pooling, grid, num_cls, x.shape[2])
     if factor == 1:
         return x, key_mask
     B, _, N, _ = x.shape
@@ -375,7 +379,7 @@ def svr_attention(
     if kernel not in _KERNELS:
         raise ValueError(f"kernel must be one of {_KERNELS}, got {kernel!r}")
     if bn:
-        _check_bn(beta, bn_eps, stats_over)
+        check_bn(beta, bn_eps, stats_over)
         if causal and kernel == "linear":
             raise ValueError(
                 "causal Attention-BN is not available for linear attention: causal statistics differ per query and "
@@ -384,7 +388,7 @@ def svr_attention(
     if stats_from not in ("pooled", "full"):
         raise ValueError(f"stats_from must be 'pooled' or 'full', got {stats_from!r}")
     factors = [1] * H if factors is not None and len(factors) == 0 else check_factors(factors, H)
-    _check_pool(pooling, grid, num_cls, N)
+    check_pool(pooling, grid, num_cls, N)
     if causal and grid is not None:
         raise ValueError("grid pooling is for non-causal patch grids; causal=True needs grid=None")
 

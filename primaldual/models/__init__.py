@@ -1,10 +1,12 @@
 """Task models on the shared :class:`~primaldual.Encoder`; each takes the attention per layer by registry name.
 
 PrimalFormer (every layer ``"primal"``) and Primal.+X (last layer ``"primal"``) are configurations of these
-models, not separate classes. Auxiliary losses (KSVD) are stored by the layers during forward and added to the
+models, not separate classes: :func:`primalformer` / :func:`primal_plus` (in :mod:`.plans`) build the per-layer
+plans, and the training configs use them (``model.plan``). Auxiliary losses (KSVD) are stored by the layers during forward and added to the
 task loss by the training module via :func:`primaldual.collect_aux_loss`.
 """
 
+from .plans import primal_plus, primalformer
 from .pooling import masked_mean
 from .retrieval import RetrievalClassifier
 from .sequence import SequenceClassifier, SequenceEncoder
@@ -18,4 +20,6 @@ __all__ = [
     "TimeSeriesClassifier",
     "VisionClassifier",
     "masked_mean",
+    "primal_plus",
+    "primalformer",
 ]

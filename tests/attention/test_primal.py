@@ -38,7 +38,7 @@ def _compare(layer: PrimalAttention, mask: torch.Tensor | None) -> None:
     params = list(layer.parameters())
 
     out = layer(x, mask)
-    term = layer.pop_aux_loss()
+    term = layer.pop_aux_losses()[0]
     fast = torch.autograd.grad((out * g).sum() + term, [x, *params])
 
     ref_params = primal_params_from_layer(layer)
@@ -101,7 +101,7 @@ def test_modes_agree_without_padding():
         a, b = _layer(causal=causal), _layer(causal=causal, padding="reference")
         ya, yb = a(x, full), b(x)
         assert rel_err(ya, yb) < 1e-14
-        assert rel_err(a.pop_aux_loss(), b.pop_aux_loss()) < 1e-14
+        assert rel_err(a.pop_aux_losses()[0], b.pop_aux_losses()[0]) < 1e-14
         assert rel_err(b(x, full), ya) < 1e-14
 
 
@@ -124,10 +124,10 @@ def test_exact_mode_equals_unpadded_sequence():
     mask = torch.zeros(1, N, dtype=torch.bool)
     mask[0, 3:17] = True
     alone = layer(x[:, 3:17])
-    term_alone = layer.pop_aux_loss()
+    term_alone = layer.pop_aux_losses()[0]
     padded = layer(x, mask)
     assert rel_err(padded[:, 3:17], alone) < 1e-12
-    assert rel_err(layer.pop_aux_loss(), term_alone) < 1e-12
+    assert rel_err(layer.pop_aux_losses()[0], term_alone) < 1e-12
 
 
 @pytest.mark.parametrize("padding", ["exact", "reference"])
@@ -167,7 +167,7 @@ def test_aux_loss_collected_with_eta_and_layer_mean():
     enc = pd.Encoder(DIM, 3, H, ["primal", "softmax", "primal"], [{"eta": 0.3}, None, {"eta": 0.3}])
     x = torch.randn(2, N, DIM)
     enc(x)
-    terms = [b.attn.peek_aux_loss() for b in enc.blocks if b.attention_name == "primal"]
+    terms = [b.attn.peek_aux_losses()[0] for b in enc.blocks if b.attention_name == "primal"]
     total = pd.collect_aux_loss(enc)
     assert torch.allclose(total, 0.3 * (terms[0] + terms[1]) / 2)
     assert pd.collect_aux_loss(enc) is None  # cleared

@@ -162,13 +162,25 @@ def test_bad_inputs_raise_clear_errors(name, opts, causal):
         layer(x, torch.ones(2, N + 1, dtype=torch.bool))
     with pytest.raises(TypeError, match="floating"):
         layer(torch.ones(2, N, DIM, dtype=torch.long))
-    y = x.clone()
+
+
+@pytest.mark.parametrize("name,opts,causal", CASES)
+def test_non_finite_input_rejected_once_at_model_entry(name, opts, causal):
+    """Values are checked at Encoder entry (one host sync per forward), never inside a layer's hot path."""
+    torch.manual_seed(0)
+    enc = pd.Encoder(DIM, 2, HEADS, attention=name, attention_options=opts, causal=causal)
+    y = torch.randn(2, N, DIM)
     y[0, 3, 1] = float("nan")
-    with pytest.raises(ValueError, match="NaN"):
-        layer(y)
+    with pytest.raises(ValueError, match="x contains NaN or Inf"):
+        enc(y)
     y[0, 3, 1] = float("inf")
     with pytest.raises(ValueError, match="NaN or Inf"):
-        layer(y)
+        enc(y)
+    layer = enc.blocks[0].attn
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        layer(torch.randn(2, N, DIM), _mask(2, N))
+    ops = {e.key for e in prof.key_averages()}
+    assert not ops & {"aten::isfinite", "aten::item", "aten::_local_scalar_dense", "aten::is_nonzero"}, ops
 
 
 @pytest.mark.parametrize("name", [i.name for i in pd.list_attentions()])
@@ -189,7 +201,7 @@ def test_registry_listing_has_capabilities():
     for info in pd.list_attentions():
         assert info.name in table
         d = info.as_dict()
-        assert {"causal", "mask", "weights", "time", "memory"} <= set(d)
+        assert {"causal", "non_causal", "weights", "aux_loss", "time", "memory"} <= set(d)
     assert {"softmax", "linear", "sparse"} <= {i.name for i in pd.list_attentions()}
 
 

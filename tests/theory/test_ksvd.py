@@ -75,11 +75,11 @@ def test_layer_ksvd_term_vanishes_at_svd_solution():
         layer.w_r.copy_(sol.w_r[None])
         layer.lam.copy_(sol.lam_code[None])
     layer(x)
-    assert float(layer.pop_aux_loss()) < 1e-20 * float(sol.sigma.sum()) ** 2
+    assert float(layer.pop_aux_losses()[0]) < 1e-20 * float(sol.sigma.sum()) ** 2
     with torch.no_grad():
         layer.lam.mul_(1.5)
     layer(x)
-    assert float(layer.pop_aux_loss()) > 1e-3
+    assert float(layer.pop_aux_losses()[0]) > 1e-3
 
 
 def test_rank_checked():

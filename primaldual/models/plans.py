@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from .attention.registry import attention_options
+from ..attention.registry import attention_options
 
 __all__ = ["primal_plus", "primalformer"]
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import primaldual as pd
-from primaldual.primalformer import primal_plus, primalformer
+from primaldual.models.plans import primal_plus, primalformer
 
 DIM, HEADS, N = 16, 2, 21
 

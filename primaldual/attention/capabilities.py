@@ -1,0 +1,33 @@
+"""What a registered attention supports: the metadata the registry lists and the registry-wide tests enforce."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Capabilities"]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a mechanism supports. Every flag is checked for every mechanism by ``tests/attention``.
+
+    Every mechanism honours the ``(B, N)`` padding mask (True = real token) and is self-attention (keys and
+    values have the queries' length); those are requirements of the layer API, not capabilities.
+
+    Attributes:
+        causal: can run with ``causal=True`` (no position sees a later one); ``False``: refused with an error.
+        non_causal: can run with ``causal=False``; ``False``: refused with an error.
+        weights: ``need_weights=True`` returns a ``(B, H, N, N)`` matrix; ``False``: refused with an error.
+        aux_loss: contributes an auxiliary loss (see :mod:`primaldual.aux_loss`) in training forwards.
+        time: asymptotic time per layer call (N tokens, D width), for the registry table.
+        memory: asymptotic activation memory, for the registry table.
+        weights_meaning: what the returned weights are, for mechanisms without a softmax matrix.
+    """
+
+    causal: bool = True
+    non_causal: bool = True
+    weights: bool = True
+    aux_loss: bool = False
+    time: str = "O(N^2 D)"
+    memory: str = "O(N^2)"
+    weights_meaning: str = "row-stochastic attention matrix"
