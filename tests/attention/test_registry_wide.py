@@ -214,3 +214,27 @@ def test_torch_compile_agrees(name, opts, causal):
     eager = layer(x, mask)
     compiled = torch.compile(layer, dynamic=False)
     assert rel_err(compiled(x, mask), eager) < 1e-5
+
+
+@pytest.mark.parametrize("name", [i.name for i in pd.list_attentions()])
+def test_capability_flags_are_enforced(name):
+    """Every Capabilities field means what it says: refused modes raise, aux_loss matches what is recorded."""
+    caps = next(i.capabilities for i in pd.list_attentions() if i.name == name)
+    for causal, supported in ((True, caps.causal), (False, caps.non_causal)):
+        if not supported:
+            with pytest.raises(ValueError, match="causal"):
+                pd.build_attention(name, DIM, HEADS, causal=causal)
+            continue
+        layer = pd.build_attention(name, DIM, HEADS, causal=causal)
+        x = torch.randn(2, N, DIM)
+        if caps.weights:
+            out, w = layer(x, _mask(2, N), need_weights=True)
+            assert w.shape == (2, HEADS, N, N)
+        else:
+            with pytest.raises(ValueError, match="weights"):
+                layer(x, need_weights=True)
+        collect_aux_loss(layer)
+        layer(x, _mask(2, N))
+        aux = collect_aux_loss(layer)
+        assert (aux is not None) == caps.aux_loss
+        assert isinstance(caps.time, str) and isinstance(caps.memory, str) and caps.weights_meaning
