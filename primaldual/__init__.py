@@ -21,7 +21,7 @@ from .attention import (
     register_attention,
 )
 from .attention.primal import PrimalAttention, PrimalState
-from .aux_loss import AuxLossMixin, collect_aux_loss
+from .aux_loss import AuxLossMixin, clear_aux_loss, collect_aux_loss
 from .checks import set_input_checks
 from .encoder import Encoder, EncoderBlock, LearnedPositionalEncoding, SinusoidalPositionalEncoding
 from .models.plans import primal_plus, primalformer
@@ -41,6 +41,7 @@ __all__ = [
     "attention_options",
     "attention_table",
     "build_attention",
+    "clear_aux_loss",
     "collect_aux_loss",
     "list_attentions",
     "primal_plus",

@@ -48,6 +48,9 @@ def _recomputing() -> bool:
 class AuxLossMixin:
     """Mixin for modules that produce an auxiliary loss term on each call.
 
+    List it before the ``nn.Module`` base (``class MyLayer(AuxLossMixin, nn.Module)``) so that its
+    ``__getstate__`` keeps recorded terms out of ``copy.deepcopy`` and pickling.
+
     Attributes:
         aux_loss_group: terms of one group are averaged over calls before weighting.
         aux_loss_weight: the coefficient (eta) multiplying this layer's term.
@@ -73,6 +76,13 @@ class AuxLossMixin:
             self.__dict__["_aux_loss_terms"] = [value]
         else:
             terms.append(value)
+
+    def __getstate__(self) -> dict:
+        # recorded terms are non-leaf tensors of one forward: never copied or pickled (deepcopy, EMA / SWA
+        # AveragedModel, torch.save of a whole module), and a copy starts with none
+        state = dict(super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__)
+        state.pop("_aux_loss_terms", None)
+        return state
 
     def pop_aux_losses(self) -> list[Tensor]:
         """Return and clear the unweighted terms recorded since the last collection, in call order."""

@@ -41,8 +41,8 @@ def input_checks_enabled() -> bool:
 
 
 def check_finite(t: Tensor, name: str) -> None:
-    """Raise if ``t`` holds NaN or Inf (skipped while compiling or when checks are off)."""
-    if input_checks_enabled() and not bool(torch.isfinite(t).all()):
+    """Raise if ``t`` holds NaN or Inf (skipped while compiling, on the meta device, or when checks are off)."""
+    if input_checks_enabled() and t.device.type != "meta" and not bool(torch.isfinite(t).all()):
         raise ValueError(
             f"{name} contains NaN or Inf values; primaldual refuses non-finite inputs instead of "
             f"returning garbage (disable with primaldual.set_input_checks(False))"

@@ -32,6 +32,7 @@ objective is about. It is not a mixing matrix: the output is not ``weights @ v``
 
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import torch
@@ -72,6 +73,13 @@ class PrimalState(NamedTuple):
     count: Tensor
 
 
+def _no_autocast(device_type: str) -> contextlib.AbstractContextManager:
+    """Autocast off on ``device_type`` (a no-op where autocast does not exist, e.g. the meta device)."""
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
 @register_attention(
     "primal",
     Capabilities(
@@ -81,7 +89,7 @@ class PrimalState(NamedTuple):
         weights_meaning="implicit asymmetric kernel phi_q(Q) phi_k(K)^T per head (not row-stochastic)",
     ),
 )
-class PrimalAttention(AttentionLayer, AuxLossMixin):
+class PrimalAttention(AuxLossMixin, AttentionLayer):
     """Primal-Attention: KSVD projection scores [e; r] instead of a softmax attention matrix.
 
     Args:
@@ -174,43 +182,103 @@ class PrimalAttention(AttentionLayer, AuxLossMixin):
         return self.padding == "exact"
 
     def reset_primal_parameters(self) -> None:
-        """The reference initialisation: W_e, W_r orthogonal over the whole tensor; Lambda uniform [0, 1)."""
-        nn.init.orthogonal_(self.w_e)
-        nn.init.orthogonal_(self.w_r)
-        nn.init.uniform_(self.lam)
+        """The reference initialisation: W_e, W_r orthogonal over the whole tensor; Lambda uniform [0, 1).
+
+        Half-precision weights are drawn in float32 and cast (QR has no half kernel).
+        """
+        with torch.no_grad():
+            for w in (self.w_e, self.w_r):
+                if w.is_meta:
+                    continue
+                dtype = torch.float32 if w.dtype in (torch.float16, torch.bfloat16) else w.dtype
+                w.copy_(nn.init.orthogonal_(torch.empty(w.shape, device=w.device, dtype=dtype)))
+            nn.init.uniform_(self.lam)
 
     # ----------------------------------------------------------------------------------------------
-    def _weights(self, x: Tensor, mask: Tensor | None) -> Tensor:
+    def _params(self, dtype: torch.dtype) -> dict[str, Tensor | None]:
+        """Every parameter the forward reads, in the compute dtype (a no-op cast unless upcasting half)."""
+        named = {
+            "qk_w": self.qk.weight,
+            "qk_b": self.qk.bias,
+            "w_e": self.w_e,
+            "w_r": self.w_r,
+            "lam": self.lam,
+            "concat_w": self.concat.weight,
+            "concat_b": self.concat.bias,
+            "proj_w": self.proj.weight,
+            "proj_b": self.proj.bias,
+        }
+        return {k: None if v is None else v.to(dtype) for k, v in named.items()}
+
+    def _weights(self, x: Tensor, mask: Tensor | None, p: dict[str, Tensor | None]) -> Tensor:
         """``stack(W_e, W_r)`` as used by the scores: ``(B, 2, H, p, s)`` data-dependent or ``(2, H, p, s)``."""
-        w = torch.stack((self.w_e, self.w_r))  # (2, H, n or p, s)
+        w = torch.stack((p["w_e"], p["w_r"]))  # (2, H, n or p, s)
         if not self.data_dependent:
             return w
         samples = sample_tokens(x, self.n, mask, self.padding)  # (B, n, C)
         return data_dependent_weights(samples, w)  # (B, 2, H, p, s)
 
-    def _fused_output(self) -> tuple[Tensor, Tensor]:
+    def _fused_output(self, p: dict[str, Tensor | None]) -> tuple[Tensor, Tensor]:
         """The concat Linear(2s -> p) of every head followed by the output Linear, as one ``(C, H*2s)`` map."""
-        w_o = self.proj.weight.view(self.dim, self.num_heads, self.head_dim)  # (C, H, p)
-        weight = (w_o @ self.concat.weight).reshape(self.dim, -1)  # (C, H, 2s) -> (C, H*2s)
-        return weight, w_o.sum(1) @ self.concat.bias + self.proj.bias
+        w_o = p["proj_w"].view(self.dim, self.num_heads, self.head_dim)  # (C, H, p)
+        weight = (w_o @ p["concat_w"]).reshape(self.dim, -1)  # (C, H, 2s) -> (C, H*2s)
+        return weight, w_o.sum(1) @ p["concat_b"] + p["proj_b"]
+
+    def _compute_dtype(self, x: Tensor) -> torch.dtype | None:
+        """float32 where float16 could overflow (float16 inputs, or float16 autocast), else None (as is).
+
+        The scores are products of unnormalised projections with data-dependent weights (degree 2 in x), and
+        the KSVD term sums their squares: both pass float16's 65,504 for inputs of a few hundred.
+        """
+        dev = x.device.type
+        if x.dtype == torch.float16:
+            return torch.float32
+        if not torch.amp.is_autocast_available(dev):  # e.g. the meta device
+            return None
+        if torch.is_autocast_enabled(dev) and torch.get_autocast_dtype(dev) == torch.float16:
+            return torch.float32
+        return None
 
     def _forward(self, x: Tensor, mask: Tensor | None, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        if torch.jit.is_tracing():
+            raise RuntimeError(
+                "torch.jit.trace cannot record primal attention: the sampled token positions depend on the mask "
+                "and the length, which a trace would freeze; use torch.compile or torch.export instead"
+            )
+        B, N, _ = x.shape
+        if B == 0 or N == 0:  # nothing to attend to: an empty output, and no KSVD term (no data)
+            weights = x.new_zeros(B, self.num_heads, N, N) if need_weights else None
+            return x.new_zeros(B, N, self.dim), weights
+        upcast = self._compute_dtype(x)
+        if upcast is None:
+            return self._forward_in(x, mask, need_weights, self._params(x.dtype))
+        with _no_autocast(x.device.type):
+            out, weights = self._forward_in(x.to(upcast), mask, need_weights, self._params(upcast))
+        return out.to(x.dtype), weights
+
+    def _forward_in(
+        self, x: Tensor, mask: Tensor | None, need_weights: bool, p: dict[str, Tensor | None]
+    ) -> tuple[Tensor, Tensor | None]:
         B, N, _ = x.shape
         exact_mask = mask if self.padding == "exact" else None
         # causal: q, k are affine in x, so the prefix means of q and k are q, k of the prefix means of x
         src = causal_prefix_mean(x, exact_mask) if self.causal else x  # (B, N, C)
-        w = self._weights(x, mask)
-        scores, qk = primal_scores_from_input(src, self.qk.weight, self.qk.bias, w, self.eps)
+        w = self._weights(x, mask, p)
+        scores, qk = primal_scores_from_input(src, p["qk_w"], p["qk_b"], w, self.eps)
         if self.records_aux_loss():  # skipped under no_grad
             self.add_aux_loss(
-                ksvd_loss_from_scores(scores, self.w_e, self.w_r, self.lam, exact_mask, self.ksvd_reduction)
+                ksvd_loss_from_scores(scores, p["w_e"], p["w_r"], p["lam"], exact_mask, self.ksvd_reduction)
             )
         ho = self.head_outputs
         if ho._forward_pre_hooks or ho._forward_hooks:
-            heads = self.concat(scores.view(B, N, self.num_heads, 2 * self.s))  # (B, N, H, p)
-            out = self.proj(ho(heads.reshape(B, N, self.inner_dim)))  # (B, N, H*p) -> (B, N, C)
+            heads = F.linear(
+                scores.view(B, N, self.num_heads, 2 * self.s), p["concat_w"], p["concat_b"]
+            )  # (B, N, H, p)
+            out = F.linear(
+                ho(heads.reshape(B, N, self.inner_dim)), p["proj_w"], p["proj_b"]
+            )  # (B, N, H*p) -> (B, N, C)
         else:
-            weight, bias = self._fused_output()
+            weight, bias = self._fused_output(p)
             out = F.linear(scores.view(B, N, -1), weight, bias)  # (B, N, H*2s) -> (B, N, C)
         weights = None
         if need_weights:

@@ -16,6 +16,7 @@ used by the reference, by ``need_weights`` and by the tests.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -87,6 +88,25 @@ def sparse_attention(
     if k.shape[2] != N:
         raise ValueError(f"sparse attention is self-attention: q and k lengths differ ({N} vs {k.shape[2]})")
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    if q.dtype == torch.float16:
+        # q k^T of inputs of a few hundred passes float16's 65,504 before the softmax can scale it: compute in
+        # float32 (as SDPA's CPU kernel accumulates) and return float16
+        no_autocast = torch.amp.is_autocast_available(q.device.type)
+        with torch.autocast(q.device.type, enabled=False) if no_autocast else contextlib.nullcontext():
+            out, weights = sparse_attention(
+                q.float(),
+                k.float(),
+                v.float(),
+                window=window,
+                stride=stride,
+                num_global=num_global,
+                key_mask=key_mask,
+                causal=causal,
+                scale=scale,
+                dropout_p=dropout_p,
+                need_weights=need_weights,
+            )
+        return out.to(q.dtype), None if weights is None else weights.to(q.dtype)
     if need_weights:
         pattern = sparse_pattern(N, window, stride, num_global, causal, q.device)
         return softmax_attention(

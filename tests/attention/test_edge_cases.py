@@ -1,0 +1,96 @@
+"""Edge cases a hostile user hits: empty inputs, half precision, copies after a forward, tracing, the meta device."""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import torch
+from torch.optim.swa_utils import AveragedModel
+
+import primaldual as pd
+
+DIM, HEADS = 16, 2
+HALF = (torch.float16, torch.bfloat16)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(0, 5, DIM), (2, 0, DIM), (0, 0, DIM)])
+def test_primal_empty_batch_or_sequence_gives_empty_output(causal, shape):
+    layer = pd.build_attention("primal", DIM, HEADS, causal=causal, s=3)
+    out, w = layer(torch.randn(*shape), need_weights=True)
+    assert out.shape == shape and w.shape == (shape[0], HEADS, shape[1], shape[1])
+    assert pd.collect_aux_loss(layer) is None  # no data, no KSVD term
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("causal", [False, True])
+def test_primal_builds_in_half_precision_like_float32(dtype, causal):
+    torch.manual_seed(0)
+    half = pd.build_attention("primal", DIM, HEADS, causal=causal, dtype=dtype)
+    torch.manual_seed(0)
+    full = pd.build_attention("primal", DIM, HEADS, causal=causal)
+    assert half.w_e.dtype == dtype
+    assert torch.allclose(half.w_e.float(), full.w_e, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize(
+    "name,opts",
+    [
+        ("primal", {}),
+        ("primal", {"causal": True}),
+        ("primal", {"padding": "reference"}),
+        ("sparse", {"window": 4}),
+        ("sparse", {"window": 3, "stride": 5, "num_global": 2}),
+        ("sparse", {"window": 4, "causal": True}),
+    ],
+)
+def test_half_precision_stays_finite_for_large_inputs(dtype, name, opts):
+    """float16 passes 65,504 in q k^T or in the primal scores for |x| of a few hundred unless computed in float32."""
+    torch.manual_seed(0)
+    layer = pd.build_attention(name, 64, 2, **opts).to(dtype)
+    mask = torch.ones(3, 200, dtype=torch.bool)
+    mask[1, 150:] = False
+    for scale in (300.0, 1e4):
+        x = (torch.randn(3, 200, 64) * scale / 3).clamp(-scale, scale).to(dtype).requires_grad_(True)
+        out, w = layer(x, mask, need_weights=True)
+        assert out.dtype == dtype and torch.isfinite(out).all() and torch.isfinite(w).all()
+        pd.clear_aux_loss(layer)
+        out.float().sum().backward()
+        assert torch.isfinite(x.grad).all()
+
+
+def test_primal_under_float16_autocast_is_finite():
+    layer = pd.build_attention("primal", 64, 2)
+    x = torch.randn(2, 100, 64) * 3e3
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = layer(x)
+    assert torch.isfinite(out).all()
+    assert torch.isfinite(pd.collect_aux_loss(layer))
+
+
+def test_copies_after_an_uncollected_forward():
+    """deepcopy / AveragedModel (EMA, SWA) / torch.save after a forward whose KSVD term was not collected."""
+    enc = pd.Encoder(DIM, 2, HEADS, attention=["softmax", "primal"], attention_options=[None, {"s": 3}])
+    enc(torch.randn(2, 7, DIM))
+    twin = copy.deepcopy(enc)
+    ema = AveragedModel(enc)
+    torch.save(enc, io.BytesIO())
+    assert pd.collect_aux_loss(twin) is None and pd.collect_aux_loss(ema) is None  # copies start with no term
+    assert pd.collect_aux_loss(enc) is not None  # the original keeps its own
+
+
+def test_jit_trace_of_primal_is_refused_with_a_reason():
+    layer = pd.build_attention("primal", DIM, HEADS, s=3)
+    with pytest.raises(RuntimeError, match="torch.compile"):
+        torch.jit.trace(layer, torch.randn(2, 5, DIM))
+
+
+@pytest.mark.parametrize("name", [i.name for i in pd.list_attentions()])
+def test_meta_device_forward(name):
+    """Shape inference on the meta device: no value check, no autocast query, right output shape."""
+    causal = not next(i.capabilities for i in pd.list_attentions() if i.name == name).non_causal
+    enc = pd.Encoder(DIM, 1, HEADS, attention=name, causal=causal, device="meta")
+    assert enc(torch.empty(2, 5, DIM, device="meta")).shape == (2, 5, DIM)
