@@ -51,9 +51,9 @@ def check_finite(t: Tensor, name: str) -> None:
 
 def check_heads(dim: int, num_heads: int, head_dim: int | None) -> int:
     """Validate the width / head split and return the per-head width."""
-    if not isinstance(dim, int) or dim <= 0:
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
         raise ValueError(f"dim must be a positive int, got {dim!r}")
-    if not isinstance(num_heads, int) or num_heads <= 0:
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
         raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
     if head_dim is None:
         if dim % num_heads != 0:
@@ -62,7 +62,7 @@ def check_heads(dim: int, num_heads: int, head_dim: int | None) -> int:
                 f"to use an inner width other than dim"
             )
         return dim // num_heads
-    if not isinstance(head_dim, int) or head_dim <= 0:
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
         raise ValueError(f"head_dim must be a positive int or None, got {head_dim!r}")
     return head_dim
 

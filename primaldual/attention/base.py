@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..checks import check_heads, check_mask, check_tokens
+from ..options import check_bool, check_number
 from .capabilities import Capabilities
 
 __all__ = ["AttentionLayer", "QKVAttention"]
@@ -62,12 +63,10 @@ class AttentionLayer(nn.Module):
         self.dim = dim
         self.num_heads = num_heads
         self.inner_dim = num_heads * self.head_dim
-        self.qkv_bias = qkv_bias
-        for name, p in (("attn_drop", attn_drop), ("proj_drop", proj_drop)):
-            if not 0.0 <= float(p) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {p!r}")
-        self.attn_drop = float(attn_drop)
-        self.causal = bool(causal)
+        self.qkv_bias = check_bool("qkv_bias", qkv_bias)
+        self.attn_drop = check_number("attn_drop", attn_drop, low=0.0, high=1.0, high_open=True)
+        check_number("proj_drop", proj_drop, low=0.0, high=1.0, high_open=True)
+        self.causal = check_bool("causal", causal)
         caps = type(self).capabilities
         name = type(self).registry_name or type(self).__name__
         if self.causal and not caps.causal:

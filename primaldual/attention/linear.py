@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..functional.linear import linear_attention
+from ..options import check_int, check_number
 from .base import QKVAttention
 from .capabilities import Capabilities
 from .registry import register_attention
@@ -30,8 +31,8 @@ class LinearAttention(QKVAttention):
         if kw.get("attn_drop", 0.0):
             raise ValueError("attn_drop must be 0 for linear attention (no attention matrix is formed)")
         super().__init__(dim, num_heads, **kw)
-        self.eps = float(eps)
-        self.chunk_size = int(chunk_size)
+        self.eps = check_number("eps", eps, low=0.0, low_open=True)
+        self.chunk_size = check_int("chunk_size", chunk_size, low=1)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, key_mask, need_weights: bool):
         return linear_attention(

@@ -52,6 +52,7 @@ from ..functional.primal import (
     primal_scores_from_input,
     sample_tokens,
 )
+from ..options import check_bool, check_choice, check_int, check_number
 from .base import AttentionLayer
 from .capabilities import Capabilities
 from .registry import register_attention
@@ -131,18 +132,16 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         if kw.get("attn_drop", 0.0):
             raise ValueError("attn_drop must be 0 for primal attention (no attention matrix is formed)")
         super().__init__(dim, num_heads, **kw)
-        for name, v in (("s", s), ("rank_multi", rank_multi)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
-        for name, v in (("n", n), ("max_len", max_len)):
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-                raise ValueError(f"{name} must be a positive int or None, got {v!r}")
-        if padding not in PADDING_MODES:
-            raise ValueError(f"padding must be one of {PADDING_MODES}, got {padding!r}")
-        if ksvd_reduction not in KSVD_REDUCTIONS:
-            raise ValueError(f"ksvd_reduction must be one of {KSVD_REDUCTIONS}, got {ksvd_reduction!r}")
-        if float(eta) < 0:
-            raise ValueError(f"eta must be >= 0, got {eta!r}")
+        check_int("s", s, low=1)
+        check_int("rank_multi", rank_multi, low=1)
+        check_int("n", n, low=1, allow_none=True)
+        check_int("max_len", max_len, low=1, allow_none=True)
+        check_choice("padding", padding, PADDING_MODES)
+        check_choice("ksvd_reduction", ksvd_reduction, KSVD_REDUCTIONS)
+        eta = check_number("eta", eta, low=0.0)
+        eps = check_number("eps", eps, low=0.0, low_open=True)
+        if data_dependent is not None:
+            check_bool("data_dependent", data_dependent)
         if data_dependent is None:
             data_dependent = not self.causal
         if data_dependent and self.causal:

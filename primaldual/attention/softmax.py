@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..functional.softmax import softmax_attention
+from ..options import check_choice, check_number
 from .base import QKVAttention
 from .capabilities import Capabilities
 from .registry import register_attention
@@ -27,10 +28,8 @@ class SoftmaxAttention(QKVAttention):
 
     def __init__(self, dim: int, num_heads: int, *, backend: str = "auto", scale: float | None = None, **kw) -> None:
         super().__init__(dim, num_heads, **kw)
-        if backend not in ("auto", "sdpa", "eager"):
-            raise ValueError(f"backend must be 'auto', 'sdpa' or 'eager', got {backend!r}")
-        self.backend = backend
-        self.scale = scale
+        self.backend = check_choice("backend", backend, ("auto", "sdpa", "eager"))
+        self.scale = check_number("scale", scale, allow_none=True)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, key_mask, need_weights: bool):
         return softmax_attention(

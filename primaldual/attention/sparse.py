@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..functional.sparse import check_pattern, sparse_attention
+from ..options import check_int, check_number
 from .base import QKVAttention
 from .capabilities import Capabilities
 from .registry import register_attention
@@ -42,8 +43,11 @@ class SparseAttention(QKVAttention):
         **kw,
     ) -> None:
         super().__init__(dim, num_heads, **kw)
+        for name, v in (("window", window), ("stride", stride), ("num_global", num_global)):
+            check_int(name, v, low=0)
         check_pattern(window, stride, num_global)
-        self.window, self.stride, self.num_global, self.scale = window, stride, num_global, scale
+        self.window, self.stride, self.num_global = window, stride, num_global
+        self.scale = check_number("scale", scale, allow_none=True)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, key_mask, need_weights: bool):
         return sparse_attention(

@@ -28,7 +28,6 @@ in ``option_types`` and the registry reads the options and defaults from there.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
@@ -36,6 +35,7 @@ from typing import Any, ClassVar
 from torch import Tensor
 
 from ..functional.svr import check_bn, check_factors, check_pool, memory_ratio, svr_attention
+from ..options import check_bool, check_choice, check_int, check_number
 from .base import QKVAttention
 from .capabilities import Capabilities
 from .registry import register_attention
@@ -58,11 +58,6 @@ __all__ = [
 _SH_MEMORY = "O(N^2 (1/H) sum_h 1/r_h) eager"
 
 
-def _strict_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool (True or False), got {value!r}")
-
-
 @dataclass(frozen=True)
 class BNOptions:
     """Attention-BN: q, k normalised with the keys' statistics.
@@ -80,9 +75,10 @@ class BNOptions:
     stats_over: str = "tokens"
 
     def __post_init__(self) -> None:
-        _strict_bool("divide_std", self.divide_std)
-        if isinstance(self.beta, bool):
-            raise TypeError(f"beta must be a finite number (weight on the key mean), got {self.beta!r}")
+        check_bool("divide_std", self.divide_std)
+        check_number("beta", self.beta)
+        check_number("bn_eps", self.bn_eps, low=0.0, low_open=True)
+        check_choice("stats_over", self.stats_over, ("tokens", "batch"))
         check_bn(self.beta, self.bn_eps, self.stats_over)
 
 
@@ -98,8 +94,7 @@ class BNSHOptions(BNOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.stats_from not in ("pooled", "full"):
-            raise ValueError(f"stats_from must be 'pooled' or 'full', got {self.stats_from!r}")
+        check_choice("stats_from", self.stats_from, ("pooled", "full"))
 
 
 @dataclass(frozen=True)
@@ -124,8 +119,8 @@ class SHOptions:
             if isinstance(self.grid, (str, bytes)) or not isinstance(self.grid, Sequence):
                 raise ValueError(f"grid must be None or a pair of ints >= 1, got {self.grid!r}")
             object.__setattr__(self, "grid", tuple(self.grid))
-        if isinstance(self.num_cls, bool):
-            raise ValueError(f"num_cls must be an int >= 0 (unpooled leading tokens), got {self.num_cls!r}")
+        check_int("num_cls", self.num_cls, low=0)
+        check_choice("pooling", self.pooling, ("avg", "stride"))
         check_pool(self.pooling, self.grid, self.num_cls)
 
 
@@ -142,12 +137,8 @@ class SoftmaxKernelOptions:
     backend: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.scale is not None and (
-            isinstance(self.scale, bool) or not isinstance(self.scale, (int, float)) or not math.isfinite(self.scale)
-        ):
-            raise ValueError(f"scale must be None or a finite number, got {self.scale!r}")
-        if self.backend not in ("auto", "sdpa", "eager"):
-            raise ValueError(f"backend must be 'auto', 'sdpa' or 'eager', got {self.backend!r}")
+        check_number("scale", self.scale, allow_none=True)
+        check_choice("backend", self.backend, ("auto", "sdpa", "eager"))
 
 
 @dataclass(frozen=True)
@@ -161,9 +152,7 @@ class LinearKernelOptions:
     eps: float = 1e-6
 
     def __post_init__(self) -> None:
-        if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)) or not self.eps > 0:
-            raise ValueError(f"eps must be a number > 0 (added to the normaliser), got {self.eps!r}")
-        object.__setattr__(self, "eps", float(self.eps))
+        object.__setattr__(self, "eps", check_number("eps", self.eps, low=0.0, low_open=True))
 
 
 @dataclass(frozen=True)
@@ -178,8 +167,7 @@ class LinearScanOptions(LinearKernelOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.chunk_size, int) or isinstance(self.chunk_size, bool) or self.chunk_size < 1:
-            raise ValueError(f"chunk_size must be an int >= 1, got {self.chunk_size!r}")
+        check_int("chunk_size", self.chunk_size, low=1)
 
 
 class _SVRAttention(QKVAttention):

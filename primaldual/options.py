@@ -1,0 +1,81 @@
+"""Option validation shared by the layers, the registry and the training config: checked, never coerced.
+
+A YAML file or a command line hands over strings and numbers of any type; ``bool("false")`` is True and
+``float("0.1")`` silently accepts a string. Every option therefore goes through one of these checks, which
+raise an error naming the option, the value and what is allowed, and return the value unchanged (ints
+stay ints; numbers are returned as ``float`` only by :func:`check_number`).
+
+Hand-written: a dozen lines per rule, and the messages are part of the project's contract.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["check_bool", "check_choice", "check_int", "check_number"]
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """``value`` must be ``True`` or ``False`` (not ``"false"``, not ``0``)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool (true or false), got {value!r} ({type(value).__name__})")
+    return value
+
+
+def check_number(
+    name: str,
+    value: Any,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    allow_none: bool = False,
+) -> float | None:
+    """A finite real number in ``[low, high]`` (``low_open`` / ``high_open`` exclude the ends); returns a float."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number{_range(low, high, low_open, high_open)}, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be a finite number{_range(low, high, low_open, high_open)}, got {value!r}")
+    if (low is not None and (v < low or (low_open and v == low))) or (
+        high is not None and (v > high or (high_open and v == high))
+    ):
+        raise ValueError(f"{name} must be a number{_range(low, high, low_open, high_open)}, got {value!r}")
+    return v
+
+
+def check_int(
+    name: str, value: Any, *, low: int | None = None, high: int | None = None, allow_none: bool = False
+) -> int | None:
+    """An int (not a bool, not a float such as ``2.0``) in ``[low, high]``."""
+    if value is None and allow_none:
+        return None
+    bounds = _range(low, high, False, False)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int{bounds}, got {value!r} ({type(value).__name__})")
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise ValueError(f"{name} must be an int{bounds}, got {value!r}")
+    return value
+
+
+def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
+    """``value`` must be one of ``choices`` (compared by equality, types included: ``1`` is not ``"1"``)."""
+    options = tuple(choices)
+    if not any(type(value) is type(c) and value == c for c in options):
+        raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in options)}; got {value!r}")
+    return value
+
+
+def _range(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
+    if low is None and high is None:
+        return ""
+    if high is None:
+        return f" {'>' if low_open else '>='} {low:g}"
+    if low is None:
+        return f" {'<' if high_open else '<='} {high:g}"
+    return f" in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
