@@ -1,21 +1,41 @@
-"""Run configuration: a few dataclasses, loaded from YAML, overridden from the command line, validated.
+"""Run configuration: a few dataclasses, loaded from composed YAML, overridden from the command line, validated.
 
-A config file has the sections ``data``, ``model``, ``optim``, ``schedule``, ``trainer`` and the top-level keys
+A config has the sections ``data``, ``model``, ``optim``, ``schedule``, ``trainer`` and the top-level keys
 ``name``, ``task``, ``protocol``, ``seed``. ``task`` is ``uea`` (time-series classification, epoch-based) or one of
 the Long-Range Arena tasks ``lra_listops``, ``lra_text``, ``lra_retrieval``, ``lra_image``, ``lra_pathfinder``
-(step-based: ``trainer.max_steps`` with an evaluation every ``trainer.val_check_interval`` steps). Overrides use Lightning-CLI style dotted flags (``--model.attention primal``,
-``--trainer.max_epochs=5``, values parsed as YAML) plus one shortcut, ``--attention NAME``, that puts ``NAME`` in
-every layer and drops the mechanism options of the config (they belong to the old mechanism).
+(step-based: ``trainer.max_steps`` with an evaluation every ``trainer.val_check_interval`` steps). Overrides use
+Lightning-CLI style dotted flags (``--model.attention primal``, ``--trainer.max_epochs=5``, values parsed as YAML)
+plus one shortcut, ``--attention NAME``, that puts ``NAME`` in every layer and drops the mechanism options of the
+config (they belong to the old mechanism).
 
-Hand-written rather than LightningCLI/jsonargparse because the run directory, resume-by-default and the two
-evaluation protocols sit around ``Trainer.fit`` rather than inside it, and the schema is four small dataclasses;
-an unknown key (in a file or a flag) is an error that names the key and lists the valid ones.
+Composition (see ``docs/configs.md``): the bundled configs are written once per fact. A *family* folder
+(``configs/lra``, ``configs/uea``) holds ``_base.yaml``, one file per model in ``_models/`` (attention plan and
+options), one per task or dataset in ``_tasks/`` (data, shapes, optimiser, schedule; a ``models:`` map of per-model
+and a ``budgets:`` map of per-budget values) and budget overlays in ``_budgets/``. A name ``<family>/<task>/<model>``
+or ``<family>/<task>/<budget>/<model>`` without a file of its own is the merge of base, task, model, overlay, then
+the task's ``models.<model>`` and ``budgets.<budget>`` entries. Any file may build on others with a ``defaults:``
+list (merged first, in order; the file itself last). Merging: later wins, mappings merge key by key, lists and
+scalars are replaced. A value ``${a.b}`` is the merged value at ``a.b``; ``???`` must be set by a later file;
+``vars:`` holds values that are only referenced (``vars.primal``: the options of every primal layer);
+``model.plan`` (``primalformer`` / ``primal_plus``, with ``primal_options``, ``base``...) is expanded into
+``attention`` / ``attention_options`` by the plan presets. Files and folders starting with ``_`` are fragments:
+never run alone, never listed.
+
+Hand-written rather than LightningCLI/jsonargparse or Hydra/OmegaConf because the run directory, resume-by-default
+and the two evaluation protocols sit around ``Trainer.fit`` rather than inside it, the schema is five small
+dataclasses, and the composed result must equal the old single-file configs value for value (the run directory is
+a hash of it): a deep merge, a defaults list and whole-value references are a page of code and keep
+``yaml.safe_load`` as the only parser. An unknown key (in a file or a flag) is an error that names the file and
+key and lists the valid ones.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -32,6 +52,7 @@ __all__ = [
     "TrainerConfig",
     "apply_overrides",
     "config_dir",
+    "describe_config",
     "dump_config",
     "find_config",
     "list_configs",
@@ -272,42 +293,412 @@ def config_dir() -> Path:
     return here if here.is_dir() else Path.cwd() / "configs"
 
 
-def list_configs(prefix: str = "") -> list[str]:
-    """Names of the configs this CLI runs (under ``configs/<prefix>``), relative to :func:`config_dir`."""
+# --- composition -------------------------------------------------------------------------------------------------
+
+_BASE, _TASKS, _MODELS, _BUDGETS = "_base.yaml", "_tasks", "_models", "_budgets"
+_MAPS = {"models": _MODELS, "budgets": _BUDGETS}  # task-file maps: values per model / per budget
+_PLAN_KEYS = ("plan", "primal_options", "base", "base_options", "primal_layers")
+_MISSING = "???"
+_REF = re.compile(r"\$\{(.*)\}")
+_REF_PATH = re.compile(r"[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*")
+
+
+@dataclass(frozen=True)
+class _Composed:
+    """A name with no file of its own: family base + task + model (+ budget overlay)."""
+
+    name: str
+    family: Path
+    task: str
+    model: str
+    budget: str | None
+
+    @property
+    def run_name(self) -> str:
+        # what the single-file configs were called: the model, suffixed with the budget
+        return self.model if self.budget is None else f"{self.model}_{self.budget}"
+
+    def part(self, folder: str, stem: str) -> Path:
+        return self.family / folder / f"{stem}.yaml"
+
+
+def _show(path: Path) -> str:
+    """A file as messages and :func:`describe_config` name it: relative to :func:`config_dir` when inside it."""
+    try:
+        return path.resolve().relative_to(config_dir().resolve()).as_posix()
+    except ValueError:
+        return str(path.resolve())
+
+
+def _is_fragment(path: Path) -> bool:
+    """A file under :func:`config_dir` with a ``_``-prefixed part (``_base.yaml``, ``_models/...``)."""
+    try:
+        rel = path.resolve().relative_to(config_dir().resolve())
+    except ValueError:
+        return False
+    return any(p.startswith("_") for p in rel.parts)
+
+
+def _stems(folder: Path) -> list[str]:
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def _families() -> list[Path]:
+    """Folders under :func:`config_dir` that hold a ``_base.yaml``."""
     root = config_dir()
-    names = (str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
-    return sorted(n for n in names if n.startswith(prefix))
+    out = []
+    for base in root.rglob(_BASE):
+        rel = base.parent.relative_to(root)
+        if not any(p.startswith("_") for p in rel.parts):
+            out.append(base.parent)
+    return sorted(out)
 
 
-def find_config(spec: str) -> Path:
-    """A config path, or a name such as ``uea/JapaneseVowels/primalformer`` under :func:`config_dir`."""
+def _composed(name: str) -> _Composed | None:
+    """The composition of ``name`` (``<family>/<task>/[<budget>/]<model>``) when all its parts exist."""
+    parts = name.strip("/").split("/")
+    if any(not p or p.startswith("_") or p in (".", "..") for p in parts):
+        return None
+    root = config_dir()
+    for with_budget in (False, True):
+        n = 3 + with_budget
+        if len(parts) < n:
+            continue
+        family = root.joinpath(*parts[: len(parts) - n + 1])
+        task, model = parts[-n + 1], parts[-1]
+        budget = parts[-2] if with_budget else None
+        c = _Composed(name.strip("/"), family, task, model, budget)
+        needed = [family / _BASE, c.part(_TASKS, task), c.part(_MODELS, model)]
+        if budget is not None:
+            needed.append(c.part(_BUDGETS, budget))
+        if all(p.is_file() for p in needed):
+            return c
+    return None
+
+
+def _not_found(spec: str) -> ConfigError:
+    hint = ""
+    parts = spec.strip("/").split("/")
+    for fam in _families():
+        rel = fam.relative_to(config_dir()).as_posix()
+        if spec.startswith(rel + "/") and len(parts) >= 3:
+            hint = (
+                f"; {rel}/<task>/[<budget>/]<model> is composed from tasks {_stems(fam / _TASKS)}, "
+                f"models {_stems(fam / _MODELS)}, budgets {_stems(fam / _BUDGETS)}"
+            )
+    return ConfigError(
+        f"config {spec!r} not found (neither a file nor a name under {config_dir()}{hint}; see `primaldual configs`)"
+    )
+
+
+def _lookup(spec: str) -> Path | _Composed | None:
+    """A file (a path, or a name under :func:`config_dir`; fragments included) or a composed name."""
     p = Path(spec).expanduser()
     for cand in (p, config_dir() / spec, config_dir() / f"{spec}.yaml"):
         if cand.is_file():
             return cand
-    raise ConfigError(
-        f"config {spec!r} not found (neither a file nor a name under {config_dir()}; see `primaldual configs`)"
-    )
+    return _composed(spec)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        values = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e}") from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(values).__name__}")
+    return values
+
+
+def _task_file_family(path: Path) -> Path | None:
+    """The family of a task file (``<family>/_tasks/<task>.yaml``), else None."""
+    if path.parent.name == _TASKS and (path.parent.parent / _BASE).is_file():
+        return path.parent.parent
+    return None
+
+
+def _check_layer(values: dict[str, Any], path: Path, *, family: Path | None, entry: str = "") -> None:
+    """Unknown keys, wrong shapes and misplaced composition keys of one file (or one ``models:`` entry)."""
+    where = f"{path}: "
+    top = {f.name for f in fields(RunConfig)} | {"vars"}
+    if not entry:
+        top |= {"defaults"} | (set(_MAPS) if family is not None else set())
+    if _is_fragment(path):
+        top.discard("name")  # the run name comes from the config's own file or name, never from a fragment
+    for key, value in values.items():
+        full = f"{entry}{key}"
+        if key not in top:
+            extra = " (a fragment cannot set the run name)" if key == "name" and _is_fragment(path) else ""
+            raise ConfigError(f"{where}unknown config key {full!r}{extra}; valid keys here: {sorted(top)}")
+        if key in _SECTIONS and value is not None:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}{full}: expected a mapping, got {type(value).__name__}")
+            valid = {f.name for f in fields(_SECTIONS[key])} | (set(_PLAN_KEYS) if key == "model" else set())
+            for k in value:
+                if k not in valid:
+                    raise ConfigError(f"{where}unknown config key '{full}.{k}'; valid keys here: {sorted(valid)}")
+            if key == "model" and "plan" in value and ({"attention", "attention_options"} & set(value)):
+                raise ConfigError(
+                    f"{where}{full}: set either plan (which writes attention and attention_options) or attention"
+                )
+        elif key == "vars" and not isinstance(value, dict):
+            raise ConfigError(f"{where}{full}: expected a mapping of values to reference as ${{vars...}}")
+        elif key == "defaults" and not (isinstance(value, list) and all(isinstance(x, str) for x in value)):
+            raise ConfigError(f"{where}defaults: expected a list of config names or .yaml paths, got {value!r}")
+        elif key in _MAPS:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}{full}: expected a mapping of {key[:-1]} name -> values")
+            known = _stems(family / _MAPS[key])
+            for name, sub in value.items():
+                if name not in known:
+                    raise ConfigError(f"{where}{full}: unknown {key[:-1]} {name!r}; expected one of {known}")
+                if sub is not None and not isinstance(sub, dict):
+                    raise ConfigError(f"{where}{full}.{name}: expected a mapping, got {type(sub).__name__}")
+                _check_layer(sub or {}, path, family=None, entry=f"{full}.{name}.")
+
+
+def _merge(into: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``new`` into ``into`` (later wins; mappings merge, lists and scalars are replaced)."""
+    model, incoming = into.get("model"), new.get("model")
+    if isinstance(model, dict) and isinstance(incoming, dict):
+        # a plan and explicit attention are alternatives: whichever a later file sets replaces the other
+        if "plan" in incoming:
+            model.pop("attention", None)
+            model.pop("attention_options", None)
+        elif {"attention", "attention_options"} & set(incoming):
+            for k in _PLAN_KEYS:
+                model.pop(k, None)
+    for key, value in new.items():
+        if value is None and (key in _SECTIONS or key == "vars"):
+            continue  # an empty section (``model:`` with nothing under it) changes nothing
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _deep_merge(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)
+    return into
+
+
+def _deep_merge(into: dict[str, Any], new: dict[str, Any]) -> None:
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _deep_merge(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)
+
+
+class _Composer:
+    """Merges the files of one spec, recording them (in merge order) for :func:`describe_config`."""
+
+    def __init__(self) -> None:
+        self.sources: list[str] = []
+        self.named = False  # whether the file named on the command line sets ``name`` itself
+
+    def file(self, path: Path, stack: tuple[str, ...]) -> dict[str, Any]:
+        """A file's values merged over its ``defaults`` (recursively)."""
+        key = _show(path)
+        stack = self._enter(key, stack)
+        raw = _read(path)
+        _check_layer(raw, path, family=_task_file_family(path))
+        if len(stack) == 1:
+            self.named = "name" in raw
+        values: dict[str, Any] = {}
+        for entry in raw.pop("defaults", None) or []:
+            _merge(values, self.entry(entry, path, stack))
+        self.sources.append(key)
+        return _merge(values, raw)
+
+    def entry(self, entry: str, including: Path, stack: tuple[str, ...]) -> dict[str, Any]:
+        """One ``defaults`` entry: a ``.yaml`` path relative to ``including``, or a name under config_dir()."""
+        if entry.endswith(".yaml"):
+            p = Path(entry).expanduser()
+            target: Path | _Composed | None = p if p.is_absolute() else including.parent / p
+            if not target.is_file():
+                target = None
+        else:
+            target = _lookup(entry)
+        if target is None:
+            raise ConfigError(f"{including}: defaults entry {entry!r} not found (neither a file nor a config name)")
+        if isinstance(target, _Composed):
+            return self.composed(target, stack)
+        if _task_file_family(target) is not None:
+            raise ConfigError(
+                f"{including}: defaults entry {entry!r} is a task fragment, whose models/budgets maps apply only "
+                "to composed names; include a name such as <family>/<task>/<model> instead"
+            )
+        return self.file(target, stack)
+
+    def composed(self, c: _Composed, stack: tuple[str, ...]) -> dict[str, Any]:
+        """Base, task, model, budget overlay, then the task's entries for this model and budget."""
+        stack = self._enter(c.name, stack)
+        values = self.file(c.family / _BASE, stack)
+        task = self.file(c.part(_TASKS, c.task), stack)
+        per = {k: task.pop(k, None) or {} for k in _MAPS}
+        _merge(values, task)
+        _merge(values, self.file(c.part(_MODELS, c.model), stack))
+        if c.budget is not None:
+            _merge(values, self.file(c.part(_BUDGETS, c.budget), stack))
+        task_file = _show(c.part(_TASKS, c.task))
+        for key, name in (("models", c.model), ("budgets", c.budget)):
+            if per[key].get(name):
+                _merge(values, per[key][name])
+                self.sources.append(f"{task_file} ({key}.{name})")
+        values["name"] = c.run_name
+        return values
+
+    @staticmethod
+    def _enter(key: str, stack: tuple[str, ...]) -> tuple[str, ...]:
+        if key in stack:
+            raise ConfigError(f"defaults cycle: {' -> '.join((*stack[stack.index(key) :], key))}")
+        return (*stack, key)
+
+
+def _resolve_refs(values: dict[str, Any]) -> dict[str, Any]:
+    """Replace every ``${a.b}`` value by (a copy of) the merged value at ``a.b``, recursively."""
+
+    def lookup(path: str, at: str, chain: tuple[str, ...]) -> Any:
+        if not _REF_PATH.fullmatch(path):
+            raise ConfigError(f"{at}: ${{{path}}} is not a reference; expected ${{section.key}}")
+        if path in chain:
+            raise ConfigError(f"{at}: reference cycle {' -> '.join((*chain, path))}")
+        node: Any = values
+        for part in path.split("."):
+            if not isinstance(node, dict) or part not in node:
+                raise ConfigError(f"{at}: ${{{path}}} refers to {path!r}, which no file sets")
+            node = node[part]
+        return resolve(node, at, (*chain, path))
+
+    def resolve(v: Any, at: str, chain: tuple[str, ...]) -> Any:
+        if isinstance(v, str) and (m := _REF.fullmatch(v.strip())):
+            return copy.deepcopy(lookup(m[1].strip(), at, chain))
+        if isinstance(v, dict):
+            return {k: resolve(x, f"{at}.{k}" if at else str(k), chain) for k, x in v.items()}
+        if isinstance(v, list):
+            return [resolve(x, f"{at}[{i}]", chain) for i, x in enumerate(v)]
+        return v
+
+    return resolve(values, "", ())
+
+
+def _find_missing(v: Any, at: str = "") -> str | None:
+    """The first key whose value is still ``???``."""
+    if isinstance(v, str) and v == _MISSING:
+        return at
+    items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
+    for k, x in items:
+        found = _find_missing(x, f"{at}[{k}]" if isinstance(v, list) else (f"{at}.{k}" if at else str(k)))
+        if found is not None:
+            return found
+    return None
+
+
+def _plan_presets() -> dict[str, Callable[..., dict[str, list]]]:
+    try:  # the presets' new home; the old module until it moves
+        from primaldual.models.plans import primal_plus, primalformer
+    except ImportError:
+        from primaldual.primalformer import primal_plus, primalformer
+    return {"primalformer": primalformer, "primal_plus": primal_plus}
+
+
+def _expand_plan(model: dict[str, Any]) -> None:
+    """``model.plan`` (+ ``primal_options``, ``base``, ``base_options``, ``primal_layers``) -> attention lists."""
+    plan = model.pop("plan", None)
+    opts = {k: model.pop(k) for k in _PLAN_KEYS[1:] if k in model}
+    if plan is None:
+        if opts:
+            raise ConfigError(f"model.{next(iter(opts))}: only used with model.plan (primalformer or primal_plus)")
+        return
+    presets = _plan_presets()
+    if plan not in presets:
+        raise ConfigError(f"model.plan: expected one of {sorted(presets)}, got {plan!r}")
+    primal = opts.pop("primal_options", None) or {}
+    if not isinstance(primal, dict):
+        raise ConfigError(f"model.primal_options: expected a mapping of primal options, got {primal!r}")
+    if plan == "primalformer" and opts:
+        raise ConfigError(f"model.{next(iter(opts))}: not an option of plan 'primalformer' (every layer is primal)")
+    try:
+        model.update(presets[plan](model.get("depth", ModelConfig.depth), **opts, **primal))
+    except (TypeError, ValueError, KeyError) as e:
+        raise ConfigError(f"model.plan {plan!r}: {e}") from None
+
+
+def _compose(spec: str) -> tuple[dict[str, Any], list[str], str]:
+    """Merged, resolved values of a config file or name, the files it came from, and how to name it in errors."""
+    target = _lookup(spec)
+    if target is None:
+        raise _not_found(spec)
+    composer = _Composer()
+    if isinstance(target, _Composed):
+        values, label = composer.composed(target, ()), target.name
+    else:
+        if _is_fragment(target):
+            raise ConfigError(
+                f"{spec!r} is a fragment ({_show(target)}), a part of composed configs, not a runnable config; "
+                "run a name from `primaldual configs`, e.g. <family>/<task>/<model>"
+            )
+        values, label = composer.file(target, ()), str(target)
+        if not composer.named:  # as before composition: a file's run name defaults to its stem
+            values["name"] = target.stem
+    origin = f"{label} (from {', '.join(composer.sources)})" if len(composer.sources) > 1 else label
+    try:
+        values = _resolve_refs(values)
+        missing = _find_missing({k: v for k, v in values.items() if k != "vars"})
+        if missing is not None:
+            raise ConfigError(f"{missing}: no value given ({_MISSING} marks a value a task or model file must set)")
+        values.pop("vars", None)
+        if isinstance(values.get("model"), dict):
+            _expand_plan(values["model"])
+    except ConfigError as e:
+        raise ConfigError(f"{origin}: {e}") from None
+    return values, composer.sources, origin
+
+
+def list_configs(prefix: str = "") -> list[str]:
+    """Names of the configs this CLI runs (files and composed names under ``configs/<prefix>``), no fragments."""
+    root = config_dir()
+    names = set()
+    for p in root.rglob("*.yaml"):
+        rel = p.relative_to(root)
+        if not any(part.startswith("_") for part in rel.parts):
+            names.add(rel.with_suffix("").as_posix())
+    for fam in _families():
+        rel = fam.relative_to(root).as_posix()
+        budgets = [None, *_stems(fam / _BUDGETS)]
+        for task in _stems(fam / _TASKS):
+            for model in _stems(fam / _MODELS):
+                names.update(f"{rel}/{task}/{b + '/' if b else ''}{model}" for b in budgets)
+    return sorted(n for n in names if n.startswith(prefix))
+
+
+def find_config(spec: str) -> Path:
+    """The file of a config path or name (``uea/default``); for a composed name such as
+    ``uea/JapaneseVowels/primalformer``, its task file (see :func:`describe_config` for every file it uses)."""
+    target = _lookup(spec)
+    if target is None:
+        raise _not_found(spec)
+    return target.part(_TASKS, target.task) if isinstance(target, _Composed) else target
+
+
+def describe_config(spec: str | Path) -> list[str]:
+    """The files a config is merged from, first to last (relative to :func:`config_dir` when inside it); a
+    task file's per-model / per-budget entry appears as ``lra/_tasks/listops.yaml (models.primal_plus)``."""
+    return _compose(str(spec))[1]
 
 
 def load_config(spec: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Load a YAML config (``None``: all defaults) and apply command-line overrides."""
-    values: dict[str, Any] = {}
-    if spec is not None:
-        path = find_config(str(spec))
-        try:
-            values = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {e}") from None
-        if not isinstance(values, dict):
-            raise ConfigError(f"{path}: expected a mapping at the top level")
-        values.setdefault("name", path.stem)
+    """Load a config file or name (``None``: all defaults), composing it from its fragments, and apply
+    command-line overrides."""
+    if spec is None:
+        cfg = RunConfig()
+    else:
+        values, _, origin = _compose(str(spec))
         try:
             cfg = _build(RunConfig, values, "")
-        except ConfigError as e:
-            raise ConfigError(f"{path}: {e}") from None
-    else:
-        cfg = RunConfig()
+        except (ConfigError, TypeError) as e:
+            raise ConfigError(f"{origin}: {e}") from None
     return apply_overrides(cfg, overrides or []).validate()
 
 

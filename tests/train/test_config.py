@@ -47,6 +47,31 @@ def test_reference_primal_settings_japanese_vowels():
     assert {k: pp.attention_options[1][k] for k in ("s", "eta", "rank_multi")} == {"s": 30, "eta": 0.2, "rank_multi": 5}
 
 
+# benchmarks.md, section 1: dataset -> PrimalFormer, Primal.+Trans. (s, eta, rank_multi)
+UEA_PRIMAL = {
+    "EthanolConcentration": ((30, 0.1, 10), (40, 0.2, 10)),
+    "FaceDetection": ((20, 0.1, 5), (40, 0.2, 5)),
+    "Handwriting": ((30, 0.2, 5), (20, 0.5, 5)),
+    "Heartbeat": ((30, 0.5, 10), (40, 0.5, 10)),
+    "JapaneseVowels": ((40, 0.5, 5), (30, 0.2, 5)),
+    "PEMS-SF": ((40, 0.1, 5), (40, 0.0, 5)),
+    "SelfRegulationSCP1": ((30, 0.5, 10), (30, 0.2, 10)),
+    "SelfRegulationSCP2": ((20, 0.0, 10), (20, 0.2, 10)),
+    "SpokenArabicDigits": ((20, 0.1, 5), (30, 0.2, 5)),
+    "UWaveGestureLibrary": ((20, 0.0, 10), (40, 0.1, 10)),
+}
+
+
+@pytest.mark.parametrize("ds", sorted(UEA_PRIMAL))
+def test_uea_primal_settings_are_the_reference(ds):
+    assert set(UEA_PRIMAL) == set(UEA_DATASETS)
+    pf = load_config(f"uea/{ds}/primalformer").model.attention_options
+    pp = load_config(f"uea/{ds}/primal_plus").model.attention_options[1]
+    for opts, want in zip((pf, pp), UEA_PRIMAL[ds]):
+        assert (opts["s"], opts["eta"], opts["rank_multi"]) == want and opts["ksvd_reduction"] == "sample"
+    assert pf["max_len"] == pp["max_len"]  # the dataset's longest series, written once
+
+
 def test_unknown_key_in_file_names_the_key(tmp_path):
     path = write_config(tmp_path)
     path.write_text(path.read_text() + "optimiser: {lr: 1}\n")
