@@ -1,15 +1,36 @@
 """The ``primaldual`` command line.
 
-Subcommands: ``attentions`` (the registry with capabilities), ``smoke`` (forward + backward through
-every attention). Training, data and benchmark subcommands are added by their modules.
+Subcommands: ``attentions`` (the registry with capabilities); ``smoke`` and ``bench`` (benchmarks); ``fit``,
+``validate``, ``test``, ``seeds``, ``configs`` (training); ``data`` (datasets); ``analyze`` (spectra of trained
+runs). Each module registers its own subcommands.
+
+Errors: bad input of any subcommand (an unknown config or config key, a missing file, run directory or checkpoint,
+a malformed data file, a bad argument value) ends with exactly one line ``primaldual <subcommand>: error: <message>``
+on stderr and exit code 2, without a traceback; an unexpected internal error ends with one such line too (exit code
+1) that suggests ``--debug``. ``--debug`` (before or after the subcommand) re-raises instead, with the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-__all__ = ["main"]
+from .utils.cli import FORMATTER, examples, iter_subparsers
+
+__all__ = ["build_parser", "main"]
+
+# Exceptions that mean "bad input": the project's own (ConfigError and TSFormatError are ValueErrors,
+# MissingDataError is a FileNotFoundError) and the built-in ones raised on bad paths and values.
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    FileNotFoundError,
+    FileExistsError,
+    NotADirectoryError,
+    IsADirectoryError,
+    ValueError,
+    KeyError,
+    TypeError,
+)
 
 
 def _cmd_attentions(args: argparse.Namespace) -> int:
@@ -17,14 +38,6 @@ def _cmd_attentions(args: argparse.Namespace) -> int:
 
     print(attention_table())
     return 0
-
-
-def _cmd_smoke(args: argparse.Namespace) -> int:
-    from .smoke import format_rows, smoke
-
-    rows = smoke(batch=args.batch, length=args.length, dim=args.dim, heads=args.heads)
-    print(format_rows(rows))
-    return 0 if all(r["finite"] for r in rows) else 1
 
 
 # Modules that add subcommands: each defines ``register(subparsers)`` that adds its parsers and sets
@@ -39,32 +52,83 @@ SUBCOMMAND_MODULES: list[str] = [
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The full ``primaldual`` parser (every subcommand, each with ``--debug``)."""
     import importlib
 
-    parser = argparse.ArgumentParser(prog="primaldual", description="Primal-dual attention for PyTorch.")
+    parser = argparse.ArgumentParser(
+        prog="primaldual",
+        description="Primal-dual attention for PyTorch.",
+        formatter_class=FORMATTER,
+        epilog=examples(
+            "primaldual attentions",
+            "primaldual fit --config uea/JapaneseVowels/primalformer",
+            "primaldual data fetch uea JapaneseVowels",
+            "primaldual fit --help",
+        ),
+    )
+    parser.add_argument("--debug", action="store_true", help="show the full traceback on errors")
     sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser(
+        "attentions",
+        help="list registered attentions and their capabilities",
+        formatter_class=FORMATTER,
+        epilog=examples("primaldual attentions"),
+    )
+    p.set_defaults(func=_cmd_attentions)
     for mod in SUBCOMMAND_MODULES:
         importlib.import_module(mod).register(sub)
-    p = sub.add_parser("attentions", help="list registered attentions and their capabilities")
-    p.set_defaults(func=_cmd_attentions)
-    p = sub.add_parser("smoke", help="forward + backward through every registered attention, with timings")
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--length", type=int, default=512)
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--heads", type=int, default=4)
-    p.set_defaults(func=_cmd_smoke)
+    for p in iter_subparsers(parser):
+        p.set_defaults(cmd_prog=p.prog)  # the innermost parser's value wins
+        if not any("--debug" in a.option_strings for a in p._actions):
+            p.add_argument(
+                "--debug", action="store_true", default=argparse.SUPPRESS, help="show the full traceback on errors"
+            )
     return parser
 
 
+def _message(exc: BaseException) -> str:
+    """The exception's message on one line (a ``KeyError``'s without quotes, an ``OSError``'s without errno)."""
+    if isinstance(exc, KeyError) and len(exc.args) == 1 and isinstance(exc.args[0], str):
+        text = exc.args[0]
+    elif isinstance(exc, OSError) and exc.filename is not None and exc.strerror:  # "[Errno 2] ..." -> "path: ..."
+        text = f"{exc.filename}: {exc.strerror}"
+    else:
+        text = str(exc)
+    return " ".join(line.strip() for line in text.splitlines() if line.strip()) or type(exc).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run ``primaldual`` with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # Subcommands that set ``accepts_overrides`` (fit / validate / test / seeds) take free-form
     # ``--section.key value`` overrides; everywhere else an unknown argument is an error.
+    prog = getattr(args, "cmd_prog", parser.prog)
     if extra and not getattr(args, "accepts_overrides", False):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        command = next((p for p in iter_subparsers(parser) if p.prog == prog), parser)
+        command.error(f"unrecognized arguments: {' '.join(extra)}")  # usage of the subcommand, exit code 2
     args.overrides = extra
-    return args.func(args)
+    if getattr(args, "debug", False):
+        return args.func(args)
+    try:
+        return args.func(args)
+    except SystemExit as e:  # ``raise SystemExit("message")`` deep in a command is bad input as well
+        if isinstance(e.code, str):
+            print(f"{prog}: error: {_message(e)}", file=sys.stderr)
+            return 2
+        raise
+    except USER_ERRORS as e:
+        print(f"{prog}: error: {_message(e)}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # the reader went away (``primaldual configs | head``): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        return 1
+    except Exception as e:
+        print(
+            f"{prog}: error: {type(e).__name__}: {_message(e)} (unexpected; rerun with --debug for the traceback)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

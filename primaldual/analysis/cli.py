@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 from pathlib import Path
 from typing import Any
+
+from ..utils.cli import FORMATTER, examples
 
 __all__ = ["analyze_run", "format_summary", "register"]
 
@@ -32,6 +33,8 @@ def analyze_run(
     from .report import analyze_model
 
     run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir}: no such run directory")
     cfg_path = run_dir / "config.yaml"
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{run_dir}: no config.yaml; expected a run directory written by `primaldual fit`")
@@ -91,25 +94,21 @@ def format_summary(results: dict[str, dict[str, Any]]) -> str:
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    from ..data.cache import MissingDataError, atomic_write_bytes
-    from ..train.config import ConfigError
+    if args.labels and len(args.labels) != len(args.runs):
+        raise ValueError(f"--labels: needs {len(args.runs)} names (one per run), got {len(args.labels)}")
+    if args.labels and len(set(args.labels)) != len(args.labels):
+        raise ValueError(f"--labels: must be distinct, got {args.labels}")
+    missing = [r for r in args.runs if not Path(r).is_dir()]
+    if missing:
+        raise FileNotFoundError(f"no such run directory: {', '.join(missing)}")
     from ..train.run import set_threads
+    from ..utils.io import atomic_write_text
     from .report import compare_spectra, plot_spectra, write_json
 
     set_threads(args.threads)
-    if args.labels and len(args.labels) != len(args.runs):
-        print(f"primaldual analyze: error: --labels needs {len(args.runs)} names", file=sys.stderr)
-        return 2
-    if args.labels and len(set(args.labels)) != len(args.labels):
-        print(f"primaldual analyze: error: --labels must be distinct, got {args.labels}", file=sys.stderr)
-        return 2
     results: dict[str, dict[str, Any]] = {}
     for i, run in enumerate(args.runs):
-        try:
-            res = analyze_run(run, ckpt=args.ckpt, split=args.split, samples=args.samples, batch_size=args.batch)
-        except (FileNotFoundError, ValueError, ConfigError, MissingDataError) as e:
-            print(f"primaldual analyze: error: {e}", file=sys.stderr)
-            return 2
+        res = analyze_run(run, ckpt=args.ckpt, split=args.split, samples=args.samples, batch_size=args.batch)
         label = args.labels[i] if args.labels else res["name"]
         if label in results:  # two runs of one config (seeds, --attention overrides): name them by directory
             label = f"{label} ({Path(run).name})"
@@ -124,7 +123,7 @@ def _cmd(args: argparse.Namespace) -> int:
     if args.out and len(results) > 1:
         out = Path(args.out)
         compare_spectra(results, out / "compare_spectra.png")
-        atomic_write_bytes(out / "summary.md", (table + "\n").encode())
+        atomic_write_text(out / "summary.md", table + "\n")
         print(f"wrote {out / 'compare_spectra.png'} and {out / 'summary.md'}")
     return 0
 
@@ -140,14 +139,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "analyze",
         help="attention spectra and head redundancy of trained runs (JSON + PNG)",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=FORMATTER,
+        epilog=examples(
+            "primaldual analyze runs/uea/JapaneseVowels/primalformer-heldout-seed0-*",
+            "primaldual analyze RUN_A RUN_B --labels Transformer PrimalFormer --out runs/analysis/jv --samples 128",
+        ),
     )
     p.add_argument("runs", nargs="+", help="run directories written by `primaldual fit`")
     p.add_argument("--ckpt", default="best", help="best, last, or a checkpoint path")
     p.add_argument("--split", default="test", help="data split to feed (default test)")
     p.add_argument("--samples", type=int, default=64, help="examples analysed per run")
-    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--batch", type=int, default=16, help="batch size of the forward passes")
     p.add_argument("--labels", nargs="+", default=None, help="one name per run (default: the run's config name)")
     p.add_argument("--out", default=None, help="output folder (default <run_dir>/analysis; needed to compare runs)")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     p.set_defaults(func=_cmd)

@@ -39,7 +39,6 @@ Example::
 from __future__ import annotations
 
 import io
-import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -50,7 +49,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention.base import AttentionLayer
-from ..data.cache import atomic_write_bytes
+from ..utils.io import atomic_write_bytes, atomic_write_json
 from .capture import capture_attention
 from .redundancy import head_redundancy
 from .spectrum import layer_spectra
@@ -229,8 +228,7 @@ def analyze_model(
 
 def write_json(result: dict[str, Any], path: str | Path) -> Path:
     """Write ``result`` (e.g. from :func:`analyze_model`) as indented JSON, atomically; returns the path."""
-    text = json.dumps(result, indent=2, allow_nan=False) + "\n"
-    return atomic_write_bytes(path, text.encode("utf-8"))
+    return atomic_write_json(path, result, indent=2, allow_nan=False)
 
 
 def _figure(width: float, height: float):

@@ -1,18 +1,39 @@
-"""``primaldual bench ...`` subcommands: ``layers`` (sweep), ``lra`` (training steps), ``plot`` (figures)."""
+"""``primaldual bench {layers,lra,profile,plot}`` and ``primaldual smoke``: the benchmark subcommands."""
 
 from __future__ import annotations
 
 import argparse
 
+from ..utils.cli import FORMATTER, add_deprecated_alias, examples
+
 __all__ = ["register"]
+
+
+def _smoke(args: argparse.Namespace) -> int:
+    from .smoke import format_rows, smoke
+
+    rows = smoke(batch=args.batch, length=args.length, dim=args.dim, heads=args.heads)
+    print(format_rows(rows))
+    return 0 if all(r["finite"] for r in rows) else 1
 
 
 def _plot(args: argparse.Namespace) -> int:
     from .plot import plot_layers
 
-    for p in plot_layers(args.file, args.out_dir, args.min_length):
+    for p in plot_layers(args.file, args.out, args.min_length):
         print(f"wrote {p}")
     return 0
+
+
+def _lra(args: argparse.Namespace) -> int:
+    from . import lra
+
+    if args.worker is None:  # check the lists here so that a typo is a one-line error before any case runs
+        for flag, given, known in (("--tasks", args.tasks, list(lra.TASKS)), ("--models", args.models, lra.MODELS)):
+            bad = [v.strip() for v in given.split(",") if v.strip() and v.strip() not in known]
+            if bad:
+                raise ValueError(f"{flag}: unknown {bad}; choose from {list(known)}")
+    return lra.run_from_args(args)
 
 
 def _profile(args: argparse.Namespace) -> int:
@@ -29,26 +50,70 @@ def _profile(args: argparse.Namespace) -> int:
         text = profile_case(case, steps=args.steps, rows=args.rows)
     print(text)
     if args.out:
-        from ..data.cache import atomic_write_bytes
+        from ..utils.io import atomic_write_text
 
-        atomic_write_bytes(args.out, (text + "\n").encode())
+        atomic_write_text(args.out, text + "\n")
         print(f"wrote {args.out}")
     return 0
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``bench`` (with its sub-subcommands) and ``smoke`` to the ``primaldual`` parser."""
     from . import layers, lra
 
-    bench = subparsers.add_parser("bench", help="efficiency benchmarks (layer sweeps, LRA steps, plots)")
+    p = subparsers.add_parser(
+        "smoke",
+        help="forward + backward through every registered attention, with timings",
+        description="Forward + backward through every registered attention on random padded input, with timings.",
+        formatter_class=FORMATTER,
+        epilog=examples("primaldual smoke", "primaldual smoke --batch 2 --length 1024 --dim 64 --heads 4"),
+    )
+    p.add_argument("--batch", type=int, default=4, help="batch size")
+    p.add_argument("--length", type=int, default=512, help="sequence length N")
+    p.add_argument("--dim", type=int, default=64, help="width")
+    p.add_argument("--heads", type=int, default=4, help="heads")
+    p.set_defaults(func=_smoke)
+
+    bench = subparsers.add_parser(
+        "bench",
+        help="efficiency benchmarks (layer sweeps, LRA steps, profiles, plots)",
+        formatter_class=FORMATTER,
+        epilog=examples(
+            "primaldual bench layers --attentions softmax,primal --lengths 256,1024 --out runs/bench/layers.json",
+            "primaldual bench plot runs/bench/layers.json --out docs/figures",
+        ),
+    )
     sub = bench.add_subparsers(dest="bench_command", required=True)
-    p = sub.add_parser("layers", help="time / peak-memory sweep over N for every attention")
+    p = sub.add_parser(
+        "layers",
+        help="time / peak-memory sweep over N for every attention",
+        formatter_class=FORMATTER,
+        epilog=examples(
+            "primaldual bench layers --attentions softmax,primal,linear --lengths 256,1024,4096 --threads 2",
+            "primaldual bench layers --attentions all --peers --quadratic-max 16384 --out runs/bench/layers.json",
+        ),
+    )
     layers.add_arguments(p)
     p.set_defaults(func=layers.run_from_args)
-    p = sub.add_parser("lra", help="time per 1K training steps and peak memory on LRA task shapes")
-    lra.add_arguments(p)
-    p.set_defaults(func=lra.run_from_args)
     p = sub.add_parser(
-        "profile", help="torch.profiler tables (time, memory): LRA training steps of one model, or one --layer"
+        "lra",
+        help="time per 1K training steps and peak memory on LRA task shapes",
+        formatter_class=FORMATTER,
+        epilog=examples(
+            "primaldual bench lra --tasks listops --models transformer,primalformer --batch 4 --steps 5",
+            "primaldual bench lra --device cuda --amp --out runs/bench/lra_cuda.json",
+        ),
+    )
+    lra.add_arguments(p)
+    p.set_defaults(func=_lra)
+    p = sub.add_parser(
+        "profile",
+        help="torch.profiler tables (time, memory): LRA training steps of one model, or one --layer",
+        formatter_class=FORMATTER,
+        epilog=examples(
+            "primaldual bench profile --task listops --model primalformer --batch 4 --threads 2",
+            "primaldual bench profile --layer primal --length 4096 --mode fwd_bwd --out runs/bench/primal_profile.txt",
+        ),
     )
     p.add_argument("--layer", default=None, help="profile this attention layer alone (as the layer sweep does)")
     p.add_argument("--length", type=int, default=16384, help="--layer: sequence length N")
@@ -57,16 +122,25 @@ def register(subparsers) -> None:
     p.add_argument("--heads", type=int, default=2, help="--layer: heads")
     p.add_argument("--task", default="listops", choices=list(lra.TASKS))
     p.add_argument("--model", default="transformer", choices=list(lra.MODELS))
-    p.add_argument("--batch", type=int, default=None, help="default: the paper's batch for the task")
+    p.add_argument("--batch", type=int, default=None, help="batch size (default: the paper's batch for the task, 4)")
     p.add_argument("--steps", type=int, default=2, help="profiled training steps (or layer calls)")
-    p.add_argument("--rows", type=int, default=12)
+    p.add_argument("--rows", type=int, default=12, help="rows per table")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--amp", action="store_true")
-    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--amp", action="store_true", help="fp16 autocast on CUDA")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     p.add_argument("--out", default=None, help="also write the tables to this file")
     p.set_defaults(func=_profile)
-    p = sub.add_parser("plot", help="log-log plots with fitted slopes from a bench JSON file")
-    p.add_argument("file")
-    p.add_argument("--out-dir", default=None)
-    p.add_argument("--min-length", type=int, default=4096)
+    p = sub.add_parser(
+        "plot",
+        help="log-log plots with fitted slopes from a bench JSON file",
+        formatter_class=FORMATTER,
+        epilog=examples(
+            "primaldual bench plot runs/bench/layers.json",
+            "primaldual bench plot runs/bench/layers.json --out docs/figures --min-length 4096",
+        ),
+    )
+    p.add_argument("file", help="a JSON file written by `primaldual bench layers`")
+    p.add_argument("--out", default=None, help="output folder (default: the JSON file's folder)")
+    add_deprecated_alias(p, "--out-dir", "--out")
+    p.add_argument("--min-length", type=int, default=4096, help="fit the slopes from this N on")
     p.set_defaults(func=_plot)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import os
 import platform
@@ -36,7 +37,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PEERS", "SweepConfig", "machine_info", "profile_layer", "profile_tables", "run_sweep"]
+from ..utils.io import atomic_write_json, atomic_write_text
+
+__all__ = [
+    "PEERS",
+    "SweepConfig",
+    "fit_slope",
+    "machine_info",
+    "profile_layer",
+    "profile_tables",
+    "run_sweep",
+    "run_worker",
+    "status_kb",
+    "summary_table",
+]
 
 # Peers from PyPI (the 'bench' extra): name -> (module, builder source) built in the worker.
 PEERS = ("performer", "nystrom")
@@ -107,7 +121,8 @@ def machine_info(device: str = "cpu") -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- worker
 
 
-def _status_kb(field: str) -> int:
+def status_kb(field: str) -> int:
+    """A ``kB`` field of ``/proc/self/status`` (``VmRSS``, ``VmHWM``, ...) of this process; 0 if absent."""
     with open("/proc/self/status") as f:
         m = re.search(rf"{field}:\s+(\d+) kB", f.read())
     return int(m.group(1)) if m else 0
@@ -216,7 +231,7 @@ def _worker(case: dict[str, Any]) -> dict[str, Any]:
                 f.write("5")
         except OSError:
             reset_ok = False
-        base = _status_kb("VmRSS") * 1024
+        base = status_kb("VmRSS") * 1024
     times = []
     for i in range(case["warmup"] + case["repeats"]):
         sync()
@@ -228,7 +243,7 @@ def _worker(case: dict[str, Any]) -> dict[str, Any]:
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated() - base
     elif reset_ok:
-        peak = _status_kb("VmHWM") * 1024 - base
+        peak = status_kb("VmHWM") * 1024 - base
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
     times.sort()
@@ -320,19 +335,16 @@ def run_sweep(cfg: SweepConfig, out: Path, progress: bool = True) -> list[dict[s
 
 
 def _write(out: Path, cfg: SweepConfig, records: list[dict[str, Any]]) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
+    """Write the JSON and the CSV after every case, atomically: a killed sweep never leaves a truncated file."""
     payload = {"kind": "layers", "machine": machine_info(cfg.device), "settings": asdict(cfg), "records": records}
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1))
-    os.replace(tmp, out)  # atomic: a killed sweep never leaves a truncated file
+    atomic_write_json(out, payload, indent=1)
     fields = ["attention", "mode", "length", "batch", "dim", "heads", "dtype", "device", "status", "time_ms"]
     fields += ["time_min_ms", "peak_mem_mb", "mem_method"]
-    tmp = out.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(records)
-    os.replace(tmp, out.with_suffix(".csv"))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
+    w.writeheader()
+    w.writerows(records)
+    atomic_write_text(out.with_suffix(".csv"), buf.getvalue())
 
 
 def fit_slope(lengths: list[float], values: list[float]) -> float | None:
@@ -379,17 +391,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``primaldual bench layers``."""
     p.add_argument("--attentions", default="all", help="comma list of registry names and peers, or 'all'")
     p.add_argument("--peers", action="store_true", help="also run performer and nystrom (the 'bench' extra)")
     p.add_argument("--lengths", default="256,1024,4096,16384,65536", help="comma list of N")
-    p.add_argument("--modes", default="fwd,fwd_bwd")
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--modes", default="fwd,fwd_bwd", help="comma list of fwd, fwd_bwd")
+    p.add_argument("--batch", type=int, default=4, help="batch size")
+    p.add_argument("--dim", type=int, default=64, help="width")
+    p.add_argument("--heads", type=int, default=2, help="heads")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16"])
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    p.add_argument("--repeats", type=int, default=5, help="timed calls per case (the median is reported)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls per case first")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per case")
     p.add_argument("--mem-limit-gb", type=float, default=16.0, help="address-space cap per CPU case")
     p.add_argument("--threads", type=int, default=0, help="torch threads per case (0 = default)")
@@ -400,11 +413,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="skip N above this for O(N^2) mechanisms (recorded as skipped), to spend the time on linear ones",
     )
-    p.add_argument("--out", default="runs/bench/layers.json")
+    p.add_argument("--out", default="runs/bench/layers.json", help="output JSON file (a CSV is written beside it)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
 
 
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{flag}: expected a comma list of integers, got {text!r}") from None
+
+
+def _options(text: str) -> dict[str, dict[str, Any]]:
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--options: not valid JSON ({e}): {text!r}") from None
+    if not isinstance(options, dict) or not all(isinstance(v, dict) for v in options.values()):
+        raise ValueError(f'--options: expected {{"attention": {{"option": value}}}}, got {text!r}')
+    return options
+
+
 def run_from_args(args: argparse.Namespace) -> int:
+    """Run the sweep described by the parsed ``primaldual bench layers`` arguments.
+
+    Raises:
+        ValueError: an unknown attention or mode, or a malformed ``--lengths`` / ``--options``.
+    """
     if args.worker is not None:
         _worker_main(args.worker)
         return 0
@@ -416,10 +451,10 @@ def run_from_args(args: argparse.Namespace) -> int:
         attns += [p for p in PEERS if p not in attns]
     unknown = [a for a in attns if a not in names and a not in PEERS]
     if unknown:
-        raise SystemExit(f"unknown attention(s) {unknown}; choose from {names + list(PEERS)}")
+        raise ValueError(f"--attentions: unknown {unknown}; choose from {names + list(PEERS)}")
     cfg = SweepConfig(
         attentions=attns,
-        lengths=[int(v) for v in args.lengths.split(",")],
+        lengths=_int_list(args.lengths, "--lengths"),
         modes=[m.strip() for m in args.modes.split(",")],
         batch=args.batch,
         dim=args.dim,
@@ -431,12 +466,12 @@ def run_from_args(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         mem_limit_gb=args.mem_limit_gb,
         threads=args.threads,
-        options=json.loads(args.options),
+        options=_options(args.options),
         quadratic_max=args.quadratic_max,
     )
     bad = [m for m in cfg.modes if m not in ("fwd", "fwd_bwd")]
     if bad:
-        raise SystemExit(f"--modes takes fwd and/or fwd_bwd, got {bad}")
+        raise ValueError(f"--modes: takes fwd and/or fwd_bwd, got {bad}")
     out = Path(args.out)
     records = run_sweep(cfg, out)
     print(summary_table(records))

@@ -10,7 +10,9 @@ then times ``steps`` more. How this differs from the paper's measurement, on pur
 * every model uses the same batch (``--batch`` overrides the paper's batch for CPU, for all models alike);
 * the token content is random (timing and memory do not depend on it): this benchmark measures cost,
   never accuracy;
-* the primal low rank ``s`` and ``eta`` are the accuracy runs' values from ``benchmarks.md``.
+* every setting is the reference training config's, read from ``lra/<task>/<model>`` (``configs/lra``): length,
+  vocabulary, classes, the paper's batch, width / depth / heads, the attention plan with the accuracy runs'
+  primal ``s`` and ``eta`` (``benchmarks.md``) and AdamW; so the benchmark and the training runs cannot drift apart.
 
 Peak memory is the whole training process above the interpreter baseline (weights, optimizer state and
 activations), read as on CPU ``VmHWM`` after resetting it just before the model is built; on CUDA
@@ -28,18 +30,73 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .layers import _status_kb, machine_info, profile_tables, run_worker
+from .layers import machine_info, profile_tables, run_worker
+from .layers import status_kb as _status_kb
 
 __all__ = ["MODELS", "TASKS", "build_case", "lra_table", "profile_case", "run_lra"]
 
-# task -> shape and the paper's batch, (PrimalFormer s, eta), (Primal.+ s, eta)
-TASKS: dict[str, dict[str, Any]] = {
-    "listops": {"length": 2048, "vocab": 32, "classes": 10, "batch": 32, "pf": (20, 0.1), "pp": (30, 0.05)},
-    "text": {"length": 4096, "vocab": 256, "classes": 2, "batch": 32, "pf": (20, 0.05), "pp": (30, 0.1)},
-    "retrieval": {"length": 4096, "vocab": 256, "classes": 2, "batch": 32, "pf": (30, 0.0), "pp": (20, 0.05)},
-    "image": {"length": 1024, "vocab": 256, "classes": 10, "batch": 256, "pf": (30, 0.1), "pp": (30, 0.1)},
-    "pathfinder": {"length": 1024, "vocab": 256, "classes": 2, "batch": 256, "pf": (30, 0.1), "pp": (20, 0.05)},
-}
+# The benchmark's tasks, in the paper's column order; their shapes come from the configs (_task_shape).
+_TASK_NAMES = ("listops", "text", "retrieval", "image", "pathfinder")
+
+
+def _config(task: str, model: str) -> Any:
+    """The reference training config ``lra/<task>/<model>`` (a :class:`~primaldual.train.config.RunConfig`)."""
+    from primaldual.train.config import load_config
+
+    return load_config(f"lra/{task}/{model}")
+
+
+def _primal_s_eta(task: str, model: str) -> tuple[int, float]:
+    opts = _config(task, model).model.attention_options
+    first = next(o for o in (opts if isinstance(opts, list) else [opts]) if o)
+    return first["s"], first["eta"]
+
+
+def _task_shape(task: str) -> dict[str, Any]:
+    ref = _config(task, "transformer")
+    return {
+        "length": ref.data.max_len,
+        "vocab": ref.model.vocab_size,
+        "classes": ref.model.num_classes,
+        "batch": ref.data.batch_size,
+        "pf": _primal_s_eta(task, "primalformer"),
+        "pp": _primal_s_eta(task, "primal_plus"),
+    }
+
+
+class _Tasks:
+    """Read-only mapping task -> ``{"length", "vocab", "classes", "batch", "pf": (s, eta), "pp": (s, eta)}``
+    (``pf`` PrimalFormer, ``pp`` Primal.+), read from the reference configs on first use: listing the tasks
+    (``list(TASKS)``, argparse choices) needs no config files."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self._names = names
+        self._shapes: dict[str, dict[str, Any]] = {}
+
+    def __getitem__(self, task: str) -> dict[str, Any]:
+        if task not in self._names:
+            raise KeyError(f"unknown LRA task {task!r}; expected one of {list(self._names)}")
+        if task not in self._shapes:
+            self._shapes[task] = _task_shape(task)
+        return self._shapes[task]
+
+    def __iter__(self) -> Any:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __contains__(self, task: object) -> bool:
+        return task in self._names
+
+    def keys(self) -> list[str]:
+        return list(self._names)
+
+    def items(self) -> list[tuple[str, dict[str, Any]]]:
+        return [(t, self[t]) for t in self._names]
+
+
+TASKS = _Tasks(_TASK_NAMES)
 # the paper's efficiency table (seconds per 1K steps, GB): Transformer vs PrimalFormer
 PAPER = {
     "listops": (194.5, 56.5, 5.50, 0.69),
@@ -61,18 +118,11 @@ MODELS = (
 
 
 def model_attention(model: str, task: str) -> tuple[list[str], list[dict[str, Any]]]:
-    """Per-layer attention names and options of a 2-layer LRA model."""
-    t = TASKS[task]
-    if model == "transformer":
-        return ["softmax", "softmax"], [{}, {}]
-    if model == "primalformer":
-        s, eta = t["pf"]
-        o = {"s": s, "eta": eta, "ksvd_reduction": "global"}
-        return ["primal", "primal"], [o, o]
-    if model == "primal_plus":
-        s, eta = t["pp"]
-        return ["softmax", "primal"], [{}, {"s": s, "eta": eta, "ksvd_reduction": "global"}]
-    return [model, model], [{}, {}]
+    """Per-layer attention names and options (``{}`` for none) of the reference config ``lra/<task>/<model>``."""
+    m = _config(task, model).model
+    names = m.attention if isinstance(m.attention, list) else [m.attention] * m.depth
+    opts = m.attention_options if isinstance(m.attention_options, list) else [m.attention_options] * m.depth
+    return list(names), [dict(o or {}) for o in opts]
 
 
 def build_case(case: dict[str, Any]) -> tuple[Any, Any, Any]:
@@ -84,8 +134,11 @@ def build_case(case: dict[str, Any]) -> tuple[Any, Any, Any]:
 
     device = torch.device(case["device"])
     t = TASKS[case["task"]]
+    cfg = _config(case["task"], case["model"])
+    m, o = cfg.model, cfg.optim
     names, opts = model_attention(case["model"], case["task"])
-    kw = {"dim": 64, "depth": 2, "num_heads": 2, "ffn_dim": 128, "dropout": 0.1, "pooling": "mean"}
+    kw = {"dim": m.dim, "depth": m.depth, "num_heads": m.num_heads, "ffn_dim": m.ffn_dim, "dropout": m.dropout}
+    kw.update(pooling=m.pooling, norm_first=m.norm_first, positions=m.positions)
     kw.update(attention=names, attention_options=opts)
     torch.manual_seed(0)
     B, N = case["batch"], t["length"]
@@ -99,7 +152,7 @@ def build_case(case: dict[str, Any]) -> tuple[Any, Any, Any]:
         model = SequenceClassifier(t["vocab"], t["classes"], N, **kw).to(device)
         batch = (torch.randint(1, t["vocab"], (B, N), device=device),)
     y = torch.randint(0, t["classes"], (B,), device=device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
     model.train()
     amp = device.type == "cuda" and case.get("amp", False)
 

@@ -1,9 +1,10 @@
 """Datasets: readers, generators and fetchers (UEA time series, Long-Range Arena tasks, images, text).
 
-Only the UEA reader is re-exported here; the other dataset modules are imported by their full path
+Only the UEA reader and the stratified splitter are re-exported here; the other dataset modules are imported by their full path
 (``primaldual.data.listops`` ...) so that importing this package stays cheap.
 """
 
+from .splits import stratified_split
 from .uea import (
     UEA_DATASETS,
     ChannelNormalizer,
@@ -13,7 +14,6 @@ from .uea import (
     load_uea,
     pad_series,
     read_ts,
-    stratified_split,
     uea_cache_dir,
 )
 

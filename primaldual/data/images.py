@@ -2,7 +2,7 @@
 
 * :func:`read_idx` reads the idx format of MNIST-family files (gzip-compressed or raw): a 4-byte magic number
   (two zero bytes, a type code, the number of dimensions), big-endian int32 sizes, then the data.
-* :class:`FashionMNIST1024` is the LRA Image task's stand-in here (CIFAR-10 cannot be obtained on this machine):
+* :class:`FashionMNIST1024` is a stand-in for the LRA Image task (CIFAR-10 is not downloaded by primaldual):
   real Fashion-MNIST, 28 x 28 grey images zero-padded (2 pixels each side) to 32 x 32 = 1024 pixel tokens, 10
   classes, split 55k train / 5k val / 10k test. The validation images are 500 per class drawn from the 60k
   training files with a fixed seed (stratified), so the split is the same on every machine. The same class reads
@@ -13,7 +13,7 @@
 Fashion-MNIST comes from the Debian package ``dataset-fashion-mnist`` (files in /usr/share/datasets/fashion-mnist);
 ``$PRIMALDUAL_DATA/fashion_mnist`` (or ``~/.cache/primaldual/fashion_mnist``) is searched first, so any copy of the
 four standard idx files can be used. The idx parser is a few lines of numpy, hand-written because the only
-maintained readers (torchvision, tensorflow-datasets) are heavy dependencies that do not work here.
+maintained readers (torchvision, tensorflow-datasets) are heavy dependencies this package does not require.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import torch
 from torch.utils.data import Dataset
 
 from .cache import MissingDataError, dataset_dir
+from .splits import stratified_split
 
 __all__ = [
     "IDX_FILES",
@@ -38,7 +39,6 @@ __all__ = [
     "pad_to",
     "read_idx",
     "read_image_folder",
-    "stratified_holdout",
 ]
 
 IDX_FILES: dict[str, tuple[str, str]] = {
@@ -143,20 +143,6 @@ def pad_to(images: np.ndarray, size: int = 32) -> np.ndarray:
     return out
 
 
-def stratified_holdout(labels: np.ndarray, per_class: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Indices ``(keep, held)``: ``per_class`` examples of every class held out, drawn with ``seed``; both sorted."""
-    rng = np.random.default_rng(seed)
-    held = []
-    for c in np.unique(labels):
-        idx = np.flatnonzero(labels == c)
-        if len(idx) < per_class:
-            raise ValueError(f"labels: class {c} has {len(idx)} examples < per_class={per_class}")
-        held.append(rng.choice(idx, per_class, replace=False))
-    held_idx = np.sort(np.concatenate(held))
-    keep = np.setdiff1d(np.arange(len(labels)), held_idx)
-    return keep, held_idx
-
-
 class FashionMNIST1024(Dataset):
     """Fashion-MNIST (or MNIST) as 1024 grey-level tokens: the LRA Image task's real stand-in.
 
@@ -185,7 +171,7 @@ class FashionMNIST1024(Dataset):
             raise ValueError(f"split: expected 'train', 'val' or 'test', got {split!r}")
         images, labels = load_idx_split("test" if split == "test" else "train", dataset, root)
         if split != "test":
-            keep, held = stratified_holdout(labels, val_per_class, val_seed)
+            keep, held = stratified_split(labels, per_class=val_per_class, seed=val_seed)
             sel = keep if split == "train" else held
             images, labels = images[sel], labels[sel]
         self.images = pad_to(images, 32).reshape(len(images), 1024)  # (M, 1024) row-major pixel tokens
@@ -194,7 +180,7 @@ class FashionMNIST1024(Dataset):
             "dataset": dataset,
             "split": split,
             "source": f"real {dataset} idx files ({find_idx_dir(dataset, root)})",
-            "stand_in_for": "LRA Image (CIFAR-10 grey), which cannot be obtained here",
+            "stand_in_for": "LRA Image (CIFAR-10 grey), which primaldual does not download",
             "seq_len": 1024,
             "vocab_size": 256,
             "num_classes": 10,

@@ -45,7 +45,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .cache import MissingDataError, atomic_dir, dataset_dir
+from ..utils.io import atomic_dir
+from .cache import MissingDataError, dataset_dir
 
 __all__ = [
     "LISTOPS_SPLITS",

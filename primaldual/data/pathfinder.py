@@ -49,7 +49,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .cache import MissingDataError, atomic_dir, dataset_dir
+from ..utils.io import atomic_dir
+from .cache import MissingDataError, dataset_dir
 
 __all__ = [
     "PATHFINDER_SPLITS",
@@ -344,7 +345,7 @@ def contact_sheet(
     """
     from PIL import Image
 
-    from .cache import atomic_write_bytes
+    from ..utils.io import atomic_write_bytes
 
     m, s = images.shape[0], images.shape[1]
     rows = max(1, math.ceil(m / cols))

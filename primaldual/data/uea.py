@@ -42,7 +42,6 @@ __all__ = [
     "load_uea",
     "pad_series",
     "read_ts",
-    "stratified_split",
     "uea_cache_dir",
 ]
 
@@ -251,7 +250,7 @@ def find_uea_files(name: str, root: str | os.PathLike | None = None) -> tuple[Pa
             return train, test
     looked = " and ".join(str(d) for d in dirs)
     how = (
-        "run `primaldual fetch-uea` (it extracts the official files from the aeon wheel on PyPI; `primaldual fit` "
+        "run `primaldual data fetch uea JapaneseVowels` (it extracts the official files from the aeon wheel on PyPI; `primaldual fit` "
         "does this by itself unless data.fetch is false)"
         if name == "JapaneseVowels"
         else f"download {name} from https://www.timeseriesclassification.com (Multivariate_ts archive) and point "
@@ -270,30 +269,6 @@ def load_uea(name: str, root: str | os.PathLike | None = None) -> tuple[TSDatase
             test_path, None, f"{test.num_channels} channels, but the TRAIN file has {train.num_channels}"
         )
     return train, test
-
-
-def stratified_split(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Split case indices into (train, val) with ``round(fraction * n_c)`` (at least 1) val cases per class.
-
-    Args:
-        labels: ``(M,)`` integer labels. fraction: validation share in (0, 1). seed: numpy seed.
-
-    Returns:
-        Sorted index arrays ``(train_idx, val_idx)``.
-    """
-    if not 0.0 < fraction < 1.0:
-        raise ValueError(f"val_fraction must be in (0, 1), got {fraction}")
-    rng = np.random.default_rng(seed)
-    val: list[np.ndarray] = []
-    for c in np.unique(labels):
-        idx = np.flatnonzero(labels == c)
-        if len(idx) < 2:
-            continue  # a singleton class stays in train
-        k = min(max(1, round(fraction * len(idx))), len(idx) - 1)
-        val.append(rng.permutation(idx)[:k])
-    val_idx = np.sort(np.concatenate(val)) if val else np.zeros(0, dtype=np.int64)
-    train_idx = np.setdiff1d(np.arange(len(labels)), val_idx)
-    return train_idx, val_idx
 
 
 class ChannelNormalizer:

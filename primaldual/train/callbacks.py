@@ -3,7 +3,8 @@
 * :class:`AtomicCheckpointIO`: Lightning's ``TorchCheckpointIO`` writes through an fsspec transaction whose
   temporary file lives in the system temp dir; when that is another file system, the final ``shutil.move`` is a
   copy into the destination, which a SIGKILL can leave half-written. We write to a temporary file *in the
-  checkpoint's own directory*, fsync it and ``os.replace`` it into place (atomic on POSIX).
+  checkpoint's own directory*, fsync it and ``os.replace`` it into place (atomic on POSIX), with
+  :func:`primaldual.utils.io.atomic_write_bytes`.
 * :class:`EpochSeed`: reseeds torch / numpy / random before every training step from (seed, step, rank), so
   dropout masks after a resume are the ones an uninterrupted run would draw.
 * :class:`EpochHistory`: one row per epoch (or, in step-based runs, per periodic evaluation) with train and
@@ -27,15 +28,10 @@ import numpy as np
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from ..data.cache import atomic_write_bytes
+from ..utils.io import atomic_write_bytes
 from .protocols import Protocol
 
-__all__ = ["AtomicCheckpointIO", "EpochHistory", "EpochSeed", "atomic_write"]
-
-
-def atomic_write(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` atomically (see :func:`primaldual.data.cache.atomic_write_bytes`)."""
-    atomic_write_bytes(path, data)
+__all__ = ["AtomicCheckpointIO", "EpochHistory", "EpochSeed"]
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -46,7 +42,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise TypeError(f"{type(self).__name__} does not take storage_options, got {storage_options!r}")
         buf = io.BytesIO()
         torch.save(checkpoint, buf)
-        atomic_write(path, buf.getvalue())
+        atomic_write_bytes(path, buf.getvalue())
 
 
 class EpochSeed(L.Callback):
@@ -139,7 +135,7 @@ class EpochHistory(L.Callback):
         w = csv.DictWriter(buf, fieldnames=keys)
         w.writeheader()
         w.writerows(self.rows)
-        atomic_write(self.run_dir / "history.csv", buf.getvalue().encode())
+        atomic_write_bytes(self.run_dir / "history.csv", buf.getvalue().encode())
 
     def state_dict(self) -> dict[str, Any]:
         return {"rows": [dict(r) for r in self.rows]}

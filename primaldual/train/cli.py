@@ -1,8 +1,8 @@
-"""``primaldual fit | validate | test | seeds | configs | fetch-uea``: the training subcommands.
+"""``primaldual fit | validate | test | seeds | configs``: the training subcommands.
 
 ``fit`` / ``validate`` / ``test`` follow Lightning CLI conventions: ``--config FILE_OR_NAME`` plus dotted
 overrides such as ``--model.attention softmax`` or ``--trainer.devices=2``; ``--attention NAME`` runs any
-registered attention in every layer.
+registered attention in every layer; ``--print-config`` prints the resolved config and exits.
 """
 
 from __future__ import annotations
@@ -11,12 +11,15 @@ import argparse
 import shlex
 import sys
 
+from ..utils.cli import FORMATTER, examples
+
 __all__ = ["register"]
 
 DEFAULT_CONFIG = "uea/default"
 
 
-def _epilog() -> str:
+def _reference() -> str:
+    """Overrides, attentions and bundled configs, for the ``--help`` of the training subcommands."""
     from ..attention import list_attentions
 
     try:
@@ -37,28 +40,54 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", default=DEFAULT_CONFIG, help=f"config file or name (default {DEFAULT_CONFIG})")
     p.add_argument("--run-dir", default=None, help="run directory (default runs/<task>/<dataset>/<name>-...)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument(
+        "--print-config", action="store_true", help="print the resolved config (YAML) and exit without running"
+    )
     p.set_defaults(accepts_overrides=True)
 
 
-def _cfg(args: argparse.Namespace):
+def _load(args: argparse.Namespace):
     from .config import load_config
-    from .run import set_threads
 
-    set_threads(args.threads)
     return load_config(args.config, getattr(args, "overrides", []))
 
 
-def _cmd_fit(args: argparse.Namespace) -> int:
-    from .run import fit
+def _print_config(args: argparse.Namespace) -> int:
+    """``--print-config``: the files the config is composed of and the overrides as comments, then the YAML."""
+    from . import config
 
-    fit(_cfg(args), args.run_dir, fresh=args.fresh)
+    cfg = _load(args)
+    describe = getattr(config, "describe_config", None)
+    files = list(describe(args.config)) if describe is not None else []
+    if files:
+        print("# composed from (first to last):")
+        for f in files:
+            print(f"#   {f}")
+    if getattr(args, "overrides", []):
+        print(f"# overrides: {' '.join(shlex.quote(a) for a in args.overrides)}")
+    print(config.dump_config(cfg), end="")
+    return 0
+
+
+def _cmd_fit(args: argparse.Namespace) -> int:
+    if args.print_config:
+        return _print_config(args)
+    from .run import fit, set_threads
+
+    cfg = _load(args)
+    set_threads(args.threads)
+    fit(cfg, args.run_dir, fresh=args.fresh)
     return 0
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from .run import evaluate
+    if args.print_config:
+        return _print_config(args)
+    from .run import evaluate, set_threads
 
-    res = evaluate(_cfg(args), args.command, args.ckpt, args.run_dir)
+    cfg = _load(args)
+    set_threads(args.threads)
+    res = evaluate(cfg, args.command, args.ckpt, args.run_dir)
     for k, v in res[0].items():
         print(f"{k}: {v:.4f}")
     return 0
@@ -79,7 +108,7 @@ def _cmd_seeds(args: argparse.Namespace) -> int:
     table = format_table(summaries, "primaldual " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     print(table)
     if args.out:
-        from ..data.cache import atomic_write_text
+        from ..utils.io import atomic_write_text
 
         atomic_write_text(args.out, table + "\n")
     return 0
@@ -94,61 +123,63 @@ def _cmd_configs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_fetch(args: argparse.Namespace) -> int:
-    from ..data.uea_fetch import fetch_japanese_vowels
-
-    print(fetch_japanese_vowels(args.dest, force=args.force))
-    return 0
-
-
-def _friendly(func):
-    """Bad configs and missing or malformed data end with one clear line, not a traceback."""
-
-    def run(args: argparse.Namespace) -> int:
-        from ..data.cache import MissingDataError
-        from ..data.uea import TSFormatError
-        from .config import ConfigError
-
-        try:
-            return func(args)
-        except (ConfigError, MissingDataError, TSFormatError) as e:
-            print(f"primaldual {args.command}: error: {e}", file=sys.stderr)
-            return 2
-
-    return run
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the training subcommands to the ``primaldual`` parser."""
-    fmt = argparse.RawDescriptionHelpFormatter
-    epilog = _epilog()
+    reference = _reference()
     p = subparsers.add_parser(
-        "fit", help="train (resumes from the run's last.ckpt)", epilog=epilog, formatter_class=fmt, allow_abbrev=False
+        "fit",
+        help="train (resumes from the run's last.ckpt)",
+        formatter_class=FORMATTER,
+        allow_abbrev=False,
+        epilog=examples(
+            "primaldual fit --config uea/JapaneseVowels/primalformer",
+            "primaldual fit -c uea/JapaneseVowels/transformer --attention linear --trainer.max_epochs 5 --seed 1",
+            "primaldual fit -c lra/listops/reduced/primalformer --threads 1 --run-dir runs/listops_pf",
+            "primaldual fit -c uea/JapaneseVowels/primalformer --model.dim 128 --print-config",
+            note=reference,
+        ),
     )
     _common(p)
     p.add_argument("--fresh", action="store_true", help="delete the run directory and start over")
-    p.set_defaults(func=_friendly(_cmd_fit))
+    p.set_defaults(func=_cmd_fit)
     for stage in ("validate", "test"):
         p = subparsers.add_parser(
-            stage, help=f"{stage} a checkpoint of a run", epilog=epilog, formatter_class=fmt, allow_abbrev=False
+            stage,
+            help=f"{stage} a checkpoint of a run",
+            formatter_class=FORMATTER,
+            allow_abbrev=False,
+            epilog=examples(
+                f"primaldual {stage} --config uea/JapaneseVowels/primalformer --ckpt best",
+                f"primaldual {stage} -c uea/JapaneseVowels/primalformer --run-dir runs/jv_pf --ckpt last",
+                note=reference,
+            ),
         )
         _common(p)
         p.add_argument("--ckpt", default="best", help="best, last, or a checkpoint path")
-        p.set_defaults(func=_friendly(_cmd_eval))
+        p.set_defaults(func=_cmd_eval)
     p = subparsers.add_parser(
-        "seeds", help="several configs x protocols x seeds -> mean +- std table", epilog=epilog, formatter_class=fmt
+        "seeds",
+        help="several configs x protocols x seeds -> mean +- std table",
+        formatter_class=FORMATTER,
+        epilog=examples(
+            "primaldual seeds --configs uea/JapaneseVowels/transformer uea/JapaneseVowels/primalformer",
+            "primaldual seeds --configs uea/JapaneseVowels/transformer --seeds 0 1 2 3 4 --protocols heldout "
+            "--jobs 2 --threads 1 --out results.md --trainer.max_epochs 30",
+            note=reference,
+        ),
     )
-    p.add_argument("--configs", nargs="+", required=True)
+    p.add_argument("--configs", nargs="+", required=True, help="config files or names")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--protocols", nargs="+", default=["heldout", "paper"], choices=["heldout", "paper"])
     p.add_argument("--base", default="runs", help="root of the run directories")
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel")
     p.add_argument("--threads", type=int, default=None, help="torch threads per run")
-    p.add_argument("--out", default=None, help="also write the Markdown table here")
-    p.set_defaults(func=_friendly(_cmd_seeds), accepts_overrides=True)
-    p = subparsers.add_parser("configs", help="list the bundled training configs")
+    p.add_argument("--out", default=None, help="also write the Markdown table to this file")
+    p.set_defaults(func=_cmd_seeds, accepts_overrides=True)
+    p = subparsers.add_parser(
+        "configs",
+        help="list the bundled training configs",
+        formatter_class=FORMATTER,
+        epilog=examples("primaldual configs", "primaldual fit --config uea/JapaneseVowels/primalformer --print-config"),
+    )
     p.set_defaults(func=_cmd_configs)
-    p = subparsers.add_parser("fetch-uea", help="fetch and verify JapaneseVowels (from the aeon wheel on PyPI)")
-    p.add_argument("--dest", default=None, help="target folder (default $PRIMALDUAL_DATA/uea/JapaneseVowels)")
-    p.add_argument("--force", action="store_true")
-    p.set_defaults(func=_cmd_fetch)

@@ -14,14 +14,15 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
-from ..data.uea import ChannelNormalizer, find_uea_files, load_uea, pad_series, stratified_split
+from ..data.splits import stratified_split
+from ..data.uea import ChannelNormalizer, find_uea_files, load_uea, pad_series
 from .config import DataConfig
 from .protocols import get_protocol
 
-__all__ = ["UEADataModule"]
+__all__ = ["TrainerEpochSampler", "UEADataModule"]
 
 
-class _TrainerEpochSampler(DistributedSampler):
+class TrainerEpochSampler(DistributedSampler):
     """A seeded ``DistributedSampler`` whose epoch is the trainer's ``current_epoch`` when iteration starts.
 
     Lightning's own ``set_epoch`` call uses a loop counter; reading ``current_epoch`` (restored from the checkpoint)
@@ -115,7 +116,7 @@ class UEADataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         world, rank = self._world()
         ds = self.datasets["train"]
-        sampler = _TrainerEpochSampler(
+        sampler = TrainerEpochSampler(
             ds, self.trainer, self.cfg.batch_size, num_replicas=world, rank=rank, shuffle=True, seed=self.seed
         )
         return DataLoader(ds, batch_size=self.cfg.batch_size, sampler=sampler, num_workers=self.cfg.num_workers)

@@ -37,9 +37,9 @@ import numpy as np
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from ..data.cache import MissingDataError, dataset_dir
-from ..data.uea import stratified_split
+from ..data.splits import stratified_split
 from .config import ConfigError, DataConfig
-from .datamodule import _TrainerEpochSampler
+from .datamodule import TrainerEpochSampler
 
 __all__ = ["LRA_DATASETS", "LRADataModule", "build_lra_splits", "labels_of"]
 
@@ -69,7 +69,9 @@ def _carve(ds: Dataset, fraction: float) -> tuple[Subset, Subset]:
 
 def _need_root(cfg: DataConfig, what: str) -> str:
     if cfg.root is None:
-        raise MissingDataError(f"data.name {cfg.name!r}: {what} cannot be downloaded here; set data.root to it")
+        raise MissingDataError(
+            f"data.name {cfg.name!r}: {what} cannot be downloaded by primaldual; set data.root to it"
+        )
     return cfg.root
 
 
@@ -201,7 +203,7 @@ class LRADataModule(L.LightningDataModule):
         t = self.trainer
         world, rank = (t.world_size, t.global_rank) if t is not None else (1, 0)
         ds = self.datasets["train"]
-        sampler = _TrainerEpochSampler(
+        sampler = TrainerEpochSampler(
             ds, t, self.cfg.batch_size, num_replicas=world, rank=rank, shuffle=True, seed=self.seed
         )
         return DataLoader(ds, batch_size=self.cfg.batch_size, sampler=sampler, num_workers=self.cfg.num_workers)

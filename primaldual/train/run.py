@@ -16,7 +16,6 @@ Run directory (default ``runs/<task>/<dataset>/<name>-<protocol>-seed<k>-<config
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -31,7 +30,8 @@ from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 
 from ..models import RetrievalClassifier, SequenceClassifier, TimeSeriesClassifier
-from .callbacks import AtomicCheckpointIO, EpochHistory, EpochSeed, atomic_write
+from ..utils.io import atomic_write_json, atomic_write_text
+from .callbacks import AtomicCheckpointIO, EpochHistory, EpochSeed
 from .config import ConfigError, RunConfig, dump_config
 from .datamodule import UEADataModule
 from .lra_data import LRADataModule, labels_of
@@ -111,7 +111,7 @@ def _prepare_run_dir(cfg: RunConfig, run_dir: Path, fresh: bool) -> None:
                 f"or --run-dir to use another directory"
             )
     elif _is_launcher_process():
-        atomic_write(saved, text.encode())
+        atomic_write_text(saved, text)
 
 
 def _trainer(cfg: RunConfig, run_dir: Path, callbacks: list[L.Callback], logger: Any = None) -> L.Trainer:
@@ -221,7 +221,7 @@ def fit(
         summary["test_acc"] = best["test/acc"]
         summary["test_loss"] = best["test/loss"]
     if trainer.is_global_zero:
-        atomic_write(run_dir / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
+        atomic_write_json(run_dir / "summary.json", summary)
         if verbose:
             where = (
                 f"step {summary['best_step']} of {summary['steps']}"
@@ -245,6 +245,10 @@ def evaluate(
     """``validate`` (the protocol's per-epoch split) or ``test`` a checkpoint of a run (``best``, ``last`` or a path)."""
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
     path = run_dir / "checkpoints" / f"{ckpt}.ckpt" if ckpt in ("best", "last") else Path(ckpt)
+    if ckpt in ("best", "last") and not run_dir.is_dir():
+        raise FileNotFoundError(
+            f"run directory {run_dir} not found; train first with `primaldual fit` and the same config, or pass --run-dir"
+        )
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} not found; train first with `primaldual fit` and the same config")
     dm = build_datamodule(cfg)

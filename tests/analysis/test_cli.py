@@ -56,6 +56,8 @@ def test_analyze_compares_runs_and_reports_errors(tmp_path):
     bad = subprocess.run([*cmd, "--labels", "A", "A"], capture_output=True, text=True)
     assert bad.returncode == 2 and "distinct" in bad.stderr
     bad = subprocess.run([*cmd[:4], str(tmp_path / "nowhere")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "no such run directory" in bad.stderr
+    bad = subprocess.run([*cmd[:4], str(tmp_path)], capture_output=True, text=True)
     assert bad.returncode == 2 and "config.yaml" in bad.stderr
     bad = subprocess.run([*cmd, "--split", "unlabelled"], capture_output=True, text=True)
     assert bad.returncode == 2 and "split" in bad.stderr

@@ -30,7 +30,11 @@ def _options(draw: st.DrawFn, name: str, heads: int) -> dict:
         opts["ksvd_reduction"] = draw(st.sampled_from(["global", "sample"]))
         return opts
     if name == "sparse":
-        return {"window": draw(st.integers(0, 4)), "stride": draw(st.integers(0, 5)), "num_global": draw(st.integers(0, 2))}
+        return {
+            "window": draw(st.integers(0, 4)),
+            "stride": draw(st.integers(0, 5)),
+            "num_global": draw(st.integers(0, 2)),
+        }
     opts: dict = {}
     if "bn" in name:
         opts["beta"] = draw(st.sampled_from([0.0, 0.5, 1.0]))

@@ -17,8 +17,8 @@ from primaldual.data.images import (
     pad_to,
     read_idx,
     read_image_folder,
-    stratified_holdout,
 )
+from primaldual.data.splits import stratified_split
 
 
 def _write_idx(path, arr: np.ndarray, compress: bool) -> None:
@@ -81,7 +81,7 @@ def test_split_padding_and_items(idx_dir):
 
 def test_helpers_and_errors(tmp_path):
     assert pad_to(np.ones((1, 28, 28), np.uint8)).sum() == 28 * 28
-    keep, held = stratified_holdout(np.array([0, 0, 1, 1, 1]), 1, seed=0)
+    keep, held = stratified_split(np.array([0, 0, 1, 1, 1]), per_class=1, seed=0)
     assert len(held) == 2 and len(keep) == 3 and set(np.array([0, 0, 1, 1, 1])[held]) == {0, 1}
     with pytest.raises(MissingDataError, match="apt-get install -y dataset-fashion-mnist"):
         find_idx_dir("fashion_mnist", tmp_path)

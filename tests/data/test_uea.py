@@ -45,7 +45,7 @@ def test_load_by_name_from_user_dir(jv_dir, tmp_path):
 def test_missing_dataset_says_how_to_get_it(tmp_path):
     with pytest.raises(MissingDataError, match="timeseriesclassification.com"):
         load_uea("Heartbeat", root=tmp_path)
-    with pytest.raises(MissingDataError, match="fetch-uea"):
+    with pytest.raises(MissingDataError, match="primaldual data fetch uea JapaneseVowels"):
         load_uea("JapaneseVowels", root=tmp_path)
 
 

@@ -10,10 +10,10 @@ import time
 
 import torch
 
-from .attention.registry import build_attention, list_attentions
-from .aux_loss import collect_aux_loss
+from ..attention.registry import build_attention, list_attentions
+from ..aux_loss import collect_aux_loss
 
-__all__ = ["smoke"]
+__all__ = ["format_rows", "smoke"]
 
 
 def smoke(batch: int = 4, length: int = 512, dim: int = 64, heads: int = 4, repeats: int = 3) -> list[dict]:
@@ -56,6 +56,7 @@ def smoke(batch: int = 4, length: int = 512, dim: int = 64, heads: int = 4, repe
 
 
 def format_rows(rows: list[dict]) -> str:
+    """The rows of :func:`smoke` as a fixed-width text table."""
     head = f"{'attention':<16}{'causal':<8}{'input':<16}{'output':<16}{'fwd ms':>9}{'fwd+bwd ms':>12}  finite"
     lines = [head, "-" * len(head)]
     for r in rows:

@@ -1,0 +1,115 @@
+"""File helpers: atomic writes of files and directories, JSON, and SHA-256 checksums (standard library only).
+
+Writers never leave a half-written file or directory behind: they write to a temporary sibling, ``fsync`` it and
+``os.replace`` it into place, which is atomic on POSIX file systems, so an interrupted write leaves either the old
+content or the new one. A temporary *sibling* (not a file in the system temp dir) keeps the final rename on one file
+system, where it is a rename rather than a copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "atomic_dir",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "atomic_write_text",
+    "sha256_file",
+]
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` via a temporary sibling, fsync, an atomic rename, and a directory fsync.
+
+    Parent directories are created. Returns ``path`` as a :class:`~pathlib.Path`.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the file the usual permissions
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):  # persist the rename itself
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """UTF-8 version of :func:`atomic_write_bytes`."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2, allow_nan: bool = True) -> Path:
+    """``json.dumps(obj, indent=indent)`` plus a final newline, written with :func:`atomic_write_bytes`.
+
+    ``allow_nan=False`` refuses NaN / infinity (``ValueError``) instead of writing non-standard JSON.
+    """
+    return atomic_write_text(path, json.dumps(obj, indent=indent, allow_nan=allow_nan) + "\n")
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike, *, overwrite: bool = False) -> Iterator[Path]:
+    """Build a directory in a temporary sibling, then rename it to ``path`` when the block succeeds.
+
+    Args:
+        path: final directory.
+        overwrite: replace an existing ``path``; otherwise an existing one is an error.
+
+    Yields:
+        The temporary directory to fill. On an exception it is removed and ``path`` is left untouched.
+
+    Raises:
+        FileExistsError: ``path`` exists and ``overwrite`` is false.
+    """
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} already exists (pass overwrite=True / --force to regenerate it)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        if path.exists():
+            # Move the old copy aside first so that the final rename is a single atomic step.
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def sha256_file(path: str | os.PathLike, *, chunk_size: int = 1 << 20) -> str:
+    """Hex SHA-256 digest of a file, read in chunks of ``chunk_size`` bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_size):
+            h.update(chunk)
+    return h.hexdigest()
