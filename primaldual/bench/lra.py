@@ -23,15 +23,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from .layers import machine_info, profile_tables, run_worker
-from .layers import status_kb as _status_kb
+from ..utils.io import atomic_write_json
+from .layers import machine_info, profile_tables, run_worker, status_kb
 
 __all__ = ["MODELS", "TASKS", "build_case", "lra_table", "profile_case", "run_lra"]
 
@@ -192,7 +191,7 @@ def _worker(case: dict[str, Any]) -> dict[str, Any]:
     if case["device"].startswith("cuda"):
         peak = torch.cuda.max_memory_allocated() - base
     else:
-        peak = _status_kb("VmHWM") * 1024 - base
+        peak = status_kb("VmHWM") * 1024 - base
     return {
         "s_per_1k_steps": 1000 * per_step,
         "peak_mem_gb": peak / 2**30,
@@ -219,7 +218,7 @@ def _reset_peak(device) -> int:
         return torch.cuda.memory_allocated()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
-    return _status_kb("VmRSS") * 1024
+    return status_kb("VmRSS") * 1024
 
 
 def _worker_main(case_json: str) -> None:
@@ -263,11 +262,8 @@ def run_lra(
             rec = {"task": task, "model": model, "batch": case["batch"], "wall_s": time.time() - t0, **res}
             records.append(rec)
             print(f"{task:<11}{model:<14}{_fmt(rec)}", flush=True)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out.with_suffix(".json.tmp")
             payload = {"kind": "lra", "machine": machine_info(device), "settings": settings, "records": records}
-            tmp.write_text(json.dumps(payload, indent=1))
-            os.replace(tmp, out)
+            atomic_write_json(out, payload)  # after every case: a killed sweep keeps what it measured
     return records
 
 
@@ -330,7 +326,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     bad = [t for t in tasks if t not in TASKS] + [m for m in models if m not in MODELS]
     if bad:
-        raise SystemExit(f"unknown task/model {bad}; tasks {list(TASKS)}, models {list(MODELS)}")
+        raise ValueError(f"unknown task/model {bad}; tasks {list(TASKS)}, models {list(MODELS)}")
     out = Path(args.out)
     records = run_lra(
         tasks,

@@ -1,13 +1,13 @@
 """Text data: readers for the LRA Text (IMDb) and Retrieval (AAN) release files, and real-text STAND-INS.
 
-Real LRA files (read from a directory the user provides; they cannot be downloaded on this machine):
+Real LRA files (read from a directory the user provides; primaldual never downloads them, get them from the LRA release):
 
 * **Text (IMDb, byte level)**: :func:`read_imdb_tsv` reads ``label<TAB>text`` TSV files (header optional) and
   :func:`read_aclimdb` the original ``aclImdb/{train,test}/{pos,neg}/*.txt`` layout that LRA's IMDb comes from.
 * **Retrieval (AAN pairs)**: :func:`read_aan_tsv` reads ``lra_release/tsv_data/new_aan_pairs.{train,eval,test}.tsv``:
   tab-separated ``label, id1, id2, text1, text2`` with no header.
 
-Stand-ins (real public-domain or published text that can be obtained here, NOT the LRA data; every class name says
+Stand-ins (real public-domain or published text that installs from PyPI, NOT the LRA data; every class name says
 ``StandIn``):
 
 * :class:`ShakespeareGenreStandIn` (for LRA Text): 4,000-byte windows of Shakespeare's plays, classified by the play's
@@ -178,7 +178,7 @@ def read_imdb_tsv(path: str | os.PathLike) -> tuple[list[bytes], np.ndarray]:
     if not path.is_file():
         raise MissingDataError(
             f"IMDb file {path} not found. LRA Text uses IMDb reviews (aclImdb); provide them as label<TAB>text TSV "
-            "files or the aclImdb directory (read_aclimdb). They cannot be downloaded on this machine."
+            "files or the aclImdb directory (read_aclimdb); primaldual does not download them."
         )
     texts, labels = [], []
     with open(path, encoding="utf-8", newline="") as f:
@@ -221,7 +221,7 @@ def read_aan_tsv(path: str | os.PathLike) -> tuple[list[bytes], list[bytes], np.
     if not path.is_file():
         raise MissingDataError(
             f"AAN file {path} not found. Place lra_release/tsv_data/new_aan_pairs.{{train,eval,test}}.tsv from the "
-            "LRA release there; it cannot be downloaded on this machine."
+            "LRA release there; primaldual does not download it."
         )
     t1, t2, labels = [], [], []
     with open(path, encoding="utf-8", newline="") as f:
@@ -388,7 +388,7 @@ class ShakespeareGenreStandIn(Dataset):
         self.owners = owners
         self.info = {
             "dataset": "shakespeare_genre",
-            "stand_in_for": "LRA Text (IMDb, byte level), which cannot be obtained here",
+            "stand_in_for": "LRA Text (IMDb, byte level), which primaldual does not download",
             "split": split,
             "plays": self.plays,
             "window_bytes": window,
