@@ -1,6 +1,6 @@
 """Data check: can a small CNN learn our Pathfinder split, where the attention models stay at chance?
 
-The attention models in ``configs/lra/pathfinder/reduced`` sit at 50% for many steps on the generated
+The attention models of the ``lra/pathfinder/reduced/<model>`` configs sit at 50% for many steps on the generated
 Pathfinder-32 data. That alone cannot tell a hard task from broken data (labels unrelated to the pictures).
 A convolutional network has the locality prior the task rewards, so it learns Pathfinder in a few hundred
 steps if the labels follow the pictures. This script trains one on the same split the attention models use
