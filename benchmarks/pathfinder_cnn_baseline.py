@@ -30,8 +30,8 @@ import time
 import torch
 from torch import Tensor, nn
 
-from primaldual.data.cache import atomic_write_text
 from primaldual.data.pathfinder import PathfinderDataset
+from primaldual.utils.io import atomic_write_text
 
 
 def images(ds: PathfinderDataset) -> tuple[Tensor, Tensor]:
