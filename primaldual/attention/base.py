@@ -16,7 +16,7 @@ functional kernel on ``(B, H, N, D)`` tensors; mechanisms only implement :meth:`
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -25,7 +25,36 @@ from ..checks import check_heads, check_mask, check_tokens
 from ..options import check_bool, check_number
 from .capabilities import Capabilities
 
-__all__ = ["AttentionLayer", "QKVAttention"]
+__all__ = ["AttentionLayer", "KVCache", "PrefixState", "QKVAttention"]
+
+
+class PrefixState(NamedTuple):
+    """Decoding state of a layer without an incremental path: its input prefix, rerun at every step.
+
+    Attributes:
+        x: ``(B, T, C)`` the layer inputs of the tokens seen so far.
+        mask: ``(B, T)`` bool, True = real token.
+    """
+
+    x: Tensor
+    mask: Tensor
+
+
+class KVCache(NamedTuple):
+    """Keys and values of the prefix for softmax-family decoding.
+
+    Attributes:
+        k, v: ``(B, H, T, D)`` projected keys / values of the tokens kept.
+        mask: ``(B, T)`` bool, True = real token.
+        pos: ``(T,)`` int64 absolute position of each kept token (a window cache drops old ones).
+        t: number of tokens seen (the absolute position of the next one).
+    """
+
+    k: Tensor
+    v: Tensor
+    mask: Tensor
+    pos: Tensor
+    t: int
 
 
 class AttentionLayer(nn.Module):
@@ -91,6 +120,52 @@ class AttentionLayer(nn.Module):
     def _forward(self, x: Tensor, mask: Tensor | None, need_weights: bool) -> tuple[Tensor, Tensor | None]:
         raise NotImplementedError
 
+    # ---- incremental decoding: init_state / step, the same output as the causal forward at each position ----
+    def _check_decoding(self) -> None:
+        if not self.causal:
+            raise RuntimeError(
+                f"incremental decoding needs a causal layer; this {self.registry_name or type(self).__name__!r} "
+                f"layer was built with causal=False"
+            )
+
+    def init_state(
+        self, batch: int, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> Any:
+        """An empty decoding state for ``batch`` sequences (causal layers only).
+
+        This default keeps the layer's input prefix (``capabilities.decoding == "recompute"``); mechanisms with an
+        incremental path override it (KV cache, window cache, constant-size state).
+        """
+        self._check_decoding()
+        ref = next(self.parameters())
+        fk = {"device": device or ref.device, "dtype": dtype or ref.dtype}
+        return PrefixState(
+            torch.zeros(batch, 0, self.dim, **fk), torch.zeros(batch, 0, dtype=torch.bool, device=fk["device"])
+        )
+
+    def step(self, x_t: Tensor, state: Any, mask_t: Tensor | None = None) -> tuple[Tensor, Any]:
+        """Decode one token: ``x_t`` ``(B, C)``, ``mask_t`` ``(B,)`` bool (True = real token; a padded token is
+        kept out of the state where the forward keeps it out, and its output is 0). Returns ``(y_t (B, C), state)``,
+        ``y_t`` equal to the causal forward's output at this position. No auxiliary term is recorded."""
+        self._check_decoding()
+        x_t, mask_t = self._check_step(x_t, mask_t)
+        x = torch.cat([state.x, x_t[:, None]], 1)  # (B, T+1, C)
+        mask = torch.cat([state.mask, mask_t[:, None]], 1)  # (B, T+1)
+        out, _ = self._forward(x, mask, False)  # (B, T+1, C): the causal output at the last position is y_t
+        y = out[:, -1].masked_fill(~mask_t[:, None], 0.0)  # (B, C)
+        return y, PrefixState(x, mask)
+
+    def _check_step(self, x_t: Tensor, mask_t: Tensor | None) -> tuple[Tensor, Tensor]:
+        if not isinstance(x_t, Tensor) or x_t.dim() != 2 or x_t.shape[-1] != self.dim:
+            shape = tuple(x_t.shape) if isinstance(x_t, Tensor) else type(x_t).__name__
+            raise ValueError(f"x_t must have shape (B, {self.dim}) (one token per sequence), got {shape}")
+        B = x_t.shape[0]
+        if mask_t is None:
+            return x_t, torch.ones(B, dtype=torch.bool, device=x_t.device)
+        if not isinstance(mask_t, Tensor) or mask_t.dim() != 1:
+            raise ValueError(f"mask_t must be a (B,) = ({B},) torch.bool tensor (True = real token) or None")
+        return x_t, check_mask(mask_t[:, None], B, 1, x_t.device, "mask_t")[:, 0]
+
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_heads={self.num_heads}, head_dim={self.head_dim}, causal={self.causal}"
 
@@ -113,6 +188,44 @@ class QKVAttention(AttentionLayer):
     ) -> tuple[Tensor, Tensor | None]:
         """q, k, v: ``(B, H, N, D)``; key_mask ``(B, N)`` bool or None. Returns ``(B, H, N, D)``."""
         raise NotImplementedError
+
+    def _qkv_step(self, x_t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Project one token per sequence: ``x_t`` ``(B, C)`` -> q, k, v ``(B, H, 1, D)`` each."""
+        B = x_t.shape[0]
+        qkv = self.qkv(x_t).reshape(B, 3, self.num_heads, 1, self.head_dim)  # (B, 3, H, 1, D)
+        q, k, v = qkv.unbind(1)
+        return q, k, v
+
+    def _out_step(self, out: Tensor, mask_t: Tensor) -> Tensor:
+        """``out`` ``(B, H, 1, D)`` -> the layer output ``(B, C)``, zero for padded tokens."""
+        y = self.proj_drop(self.proj(out.reshape(out.shape[0], self.inner_dim)))  # (B, H*D) -> (B, C)
+        return y.masked_fill(~mask_t[:, None], 0.0)
+
+    def _empty_cache(self, batch: int, device: torch.device | str | None, dtype: torch.dtype | None) -> KVCache:
+        self._check_decoding()
+        ref = self.qkv.weight
+        fk = {"device": device or ref.device, "dtype": dtype or ref.dtype}
+        empty = torch.zeros(batch, self.num_heads, 0, self.head_dim, **fk)  # (B, H, 0, D)
+        dev = fk["device"]
+        return KVCache(
+            empty,
+            empty.clone(),
+            torch.zeros(batch, 0, dtype=torch.bool, device=dev),
+            torch.zeros(0, dtype=torch.long, device=dev),
+            0,
+        )
+
+    @staticmethod
+    def _append(cache: KVCache, k: Tensor, v: Tensor, mask_t: Tensor) -> KVCache:
+        """The cache with this token's key / value (``(B, H, 1, D)``) appended at position ``cache.t``."""
+        pos = torch.full((1,), cache.t, dtype=torch.long, device=cache.pos.device)
+        return KVCache(
+            torch.cat([cache.k, k], 2),  # (B, H, T+1, D)
+            torch.cat([cache.v, v], 2),
+            torch.cat([cache.mask, mask_t[:, None]], 1),  # (B, T+1)
+            torch.cat([cache.pos, pos]),
+            cache.t + 1,
+        )
 
     def _forward(self, x: Tensor, mask: Tensor | None, need_weights: bool) -> tuple[Tensor, Tensor | None]:
         B, N, _ = x.shape

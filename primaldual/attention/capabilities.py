@@ -22,6 +22,11 @@ class Capabilities:
         time: asymptotic time per layer call (N tokens, D width), for the registry table.
         memory: asymptotic activation memory, for the registry table.
         weights_meaning: what the returned weights are, for mechanisms without a softmax matrix.
+        decoding: how a causal layer decodes one token at a time (:meth:`AttentionLayer.step`):
+            ``"kv_cache"`` (keys and values of the prefix, O(T) memory), ``"window_cache"`` (the last keys of a
+            local window, O(window) when the pattern has no stride), ``"constant"`` (a state whose size does
+            not grow with the context), ``"recompute"`` (no incremental path: the layer's input prefix is
+            kept and the causal forward rerun on it, exact but O(T^2) per token), or ``"none"`` (not causal).
     """
 
     causal: bool = True
@@ -31,3 +36,4 @@ class Capabilities:
     time: str = "O(N^2 D)"
     memory: str = "O(N^2)"
     weights_meaning: str = "row-stochastic attention matrix"
+    decoding: str = "recompute"

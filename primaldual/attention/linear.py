@@ -2,20 +2,40 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import torch
 from torch import Tensor
 
-from ..functional.linear import linear_attention
+from ..functional.linear import elu_feature_map, linear_attention
 from ..options import check_int, check_number
 from .base import QKVAttention
 from .capabilities import Capabilities
 from .registry import register_attention
 
-__all__ = ["LinearAttention"]
+__all__ = ["LinearAttention", "LinearState"]
+
+
+class LinearState(NamedTuple):
+    """Decoding state of causal linear attention (constant size).
+
+    Attributes:
+        kv: ``(B, H, D, Dv)`` running ``sum_j phi(k_j) v_j^T`` over real tokens.
+        z: ``(B, H, D)`` running ``sum_j phi(k_j)``.
+    """
+
+    kv: Tensor
+    z: Tensor
 
 
 @register_attention(
     "linear",
-    Capabilities(time="O(N D^2)", memory="O(N D + D^2)", weights_meaning="normalised kernel matrix (materialised)"),
+    Capabilities(
+        time="O(N D^2)",
+        memory="O(N D + D^2)",
+        weights_meaning="normalised kernel matrix (materialised)",
+        decoding="constant",
+    ),
 )
 class LinearAttention(QKVAttention):
     """Linear attention: phi(q)^T sum_j phi(k_j) v_j^T over a normaliser, padded keys excluded from both.
@@ -33,6 +53,30 @@ class LinearAttention(QKVAttention):
         super().__init__(dim, num_heads, **kw)
         self.eps = check_number("eps", eps, low=0.0, low_open=True)
         self.chunk_size = check_int("chunk_size", chunk_size, low=1)
+
+    def init_state(
+        self, batch: int, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> LinearState:
+        """A zero state for ``batch`` sequences (causal layers only): its size does not grow with the context."""
+        self._check_decoding()
+        ref = self.qkv.weight
+        fk = {"device": device or ref.device, "dtype": dtype or ref.dtype}
+        H, D = self.num_heads, self.head_dim
+        return LinearState(torch.zeros(batch, H, D, D, **fk), torch.zeros(batch, H, D, **fk))
+
+    def step(self, x_t: Tensor, state: LinearState, mask_t: Tensor | None = None) -> tuple[Tensor, LinearState]:
+        """Decode one token from the running sums (see :meth:`AttentionLayer.step`)."""
+        self._check_decoding()
+        x_t, mask_t = self._check_step(x_t, mask_t)
+        q, k, v = self._qkv_step(x_t)  # (B, H, 1, D) each
+        fq, fk = elu_feature_map(q[:, :, 0]), elu_feature_map(k[:, :, 0])  # (B, H, D)
+        fk = fk * mask_t[:, None, None].to(fk.dtype)  # a padded key adds nothing
+        kv = state.kv + fk[..., :, None] * v[:, :, 0, None, :]  # (B, H, D, Dv)
+        z = state.z + fk  # (B, H, D)
+        num = torch.einsum("bhd,bhde->bhe", fq, kv)  # (B, H, Dv)
+        den = (fq * z).sum(-1, keepdim=True)  # (B, H, 1)
+        out = (num / (den + self.eps))[:, :, None]  # (B, H, 1, Dv)
+        return self._out_step(out, mask_t), LinearState(kv, z)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, key_mask, need_weights: bool):
         return linear_attention(

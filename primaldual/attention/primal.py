@@ -87,6 +87,7 @@ def _no_autocast(device_type: str) -> contextlib.AbstractContextManager:
         time="O(N p s)",
         memory="O(N s)",
         aux_loss=True,
+        decoding="constant",
         weights_meaning="implicit asymmetric kernel phi_q(Q) phi_k(K)^T per head (not row-stochastic)",
     ),
 )

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from ..functional.softmax import softmax_attention
 from ..options import check_choice, check_number
-from .base import QKVAttention
+from .base import KVCache, QKVAttention
 from .capabilities import Capabilities
 from .registry import register_attention
 
@@ -15,7 +16,7 @@ __all__ = ["SoftmaxAttention"]
 
 @register_attention(
     "softmax",
-    Capabilities(time="O(N^2 D)", memory="O(N) fused (SDPA) / O(N^2) eager"),
+    Capabilities(time="O(N^2 D)", memory="O(N) fused (SDPA) / O(N^2) eager", decoding="kv_cache"),
 )
 class SoftmaxAttention(QKVAttention):
     """Multi-head scaled dot-product attention (SDPA fast path; eager path when weights are needed).
@@ -30,6 +31,21 @@ class SoftmaxAttention(QKVAttention):
         super().__init__(dim, num_heads, **kw)
         self.backend = check_choice("backend", backend, ("auto", "sdpa", "eager"))
         self.scale = check_number("scale", scale, allow_none=True)
+
+    def init_state(
+        self, batch: int, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> KVCache:
+        """An empty KV cache for ``batch`` sequences (causal layers only)."""
+        return self._empty_cache(batch, device, dtype)
+
+    def step(self, x_t: Tensor, state: KVCache, mask_t: Tensor | None = None) -> tuple[Tensor, KVCache]:
+        """Decode one token against the KV cache (see :meth:`AttentionLayer.step`)."""
+        self._check_decoding()
+        x_t, mask_t = self._check_step(x_t, mask_t)
+        q, k, v = self._qkv_step(x_t)  # (B, H, 1, D) each
+        cache = self._append(state, k, v, mask_t)
+        out, _ = softmax_attention(q, cache.k, cache.v, key_mask=cache.mask, scale=self.scale)  # (B, H, 1, D)
+        return self._out_step(out, mask_t), cache
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, key_mask, need_weights: bool):
         return softmax_attention(

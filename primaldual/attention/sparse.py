@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
+from ..functional.softmax import softmax_attention
 from ..functional.sparse import check_pattern, sparse_attention
 from ..options import check_int, check_number
-from .base import QKVAttention
+from .base import KVCache, QKVAttention
 from .capabilities import Capabilities
 from .registry import register_attention
 
@@ -19,6 +21,7 @@ __all__ = ["SparseAttention"]
         time="O(N (w + g + N/s) D)",
         memory="O(N (w + g + N/s))",
         weights_meaning="softmax weights on the sparse pattern (dense matrix, zeros off-pattern)",
+        decoding="window_cache",
     ),
 )
 class SparseAttention(QKVAttention):
@@ -48,6 +51,33 @@ class SparseAttention(QKVAttention):
         check_pattern(window, stride, num_global)
         self.window, self.stride, self.num_global = window, stride, num_global
         self.scale = check_number("scale", scale, allow_none=True)
+
+    def init_state(
+        self, batch: int, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> KVCache:
+        """An empty cache for ``batch`` sequences (causal layers only). Without a stride it keeps only the global
+        tokens and the last ``window`` keys (constant size); with a stride it keeps every key."""
+        return self._empty_cache(batch, device, dtype)
+
+    def step(self, x_t: Tensor, state: KVCache, mask_t: Tensor | None = None) -> tuple[Tensor, KVCache]:
+        """Decode one token on the sparse pattern (see :meth:`AttentionLayer.step`)."""
+        self._check_decoding()
+        x_t, mask_t = self._check_step(x_t, mask_t)
+        q, k, v = self._qkv_step(x_t)  # (B, H, 1, D) each
+        cache = self._append(state, k, v, mask_t)
+        t, pos = cache.t - 1, cache.pos  # this token's position; (T,) positions of the kept keys
+        allowed = (t - pos).abs() <= self.window
+        if self.stride > 0:
+            allowed |= (t - pos) % self.stride == 0
+        if self.num_global > 0:
+            allowed |= (pos < self.num_global) | (t < self.num_global)
+        out, _ = softmax_attention(
+            q, cache.k, cache.v, key_mask=cache.mask, attn_mask=allowed[None, None, None, :], scale=self.scale
+        )  # (B, H, 1, D)
+        if self.stride == 0:  # the next query sees keys >= t + 1 - window, and the global ones
+            keep = (pos >= t + 1 - self.window) | (pos < self.num_global)
+            cache = KVCache(cache.k[:, :, keep], cache.v[:, :, keep], cache.mask[:, keep], pos[keep], cache.t)
+        return self._out_step(out, mask_t), cache
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, key_mask, need_weights: bool):
         return sparse_attention(

@@ -260,6 +260,7 @@ class SoftmaxBNAttention(_SVRAttention):
     "linear_bn",
     Capabilities(
         causal=False,
+        decoding="none",
         time="O(N D^2)",
         memory="O(N D + D^2)",
         weights_meaning="normalised kernel matrix of the normalised q, k (materialised)",
@@ -341,6 +342,7 @@ class SoftmaxBNSHAttention(_SVRAttention):
     "linear_bn_sh",
     Capabilities(
         causal=False,
+        decoding="none",
         time="O(N D^2)",
         memory="O(N D + D^2)",
         weights_meaning="normalised kernel matrix; a pooled key's weight spread over its tokens",

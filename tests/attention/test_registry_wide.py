@@ -238,3 +238,29 @@ def test_capability_flags_are_enforced(name):
         aux = collect_aux_loss(layer)
         assert (aux is not None) == caps.aux_loss
         assert isinstance(caps.time, str) and isinstance(caps.memory, str) and caps.weights_meaning
+
+
+@pytest.mark.parametrize("name,opts,causal", [c for c in CASES if c.values[2]])
+def test_incremental_decoding_equals_causal_forward(name, opts, causal):
+    """step() token by token gives the causal forward's output at every position, for left-padded prompts."""
+    layer = _build(name, opts, causal)
+    B, T = 3, N + 4
+    x = torch.randn(B, T, DIM, dtype=torch.float64)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[1, :3] = False  # prompts of different lengths, left-padded
+    mask[2, :7] = False
+    full = layer(x, mask)
+    state = layer.init_state(B)
+    for t in range(T):
+        y_t, state = layer.step(x[:, t], state, mask[:, t])
+        assert rel_err(y_t, full[:, t]) < 1e-10, f"position {t}"
+    assert layer.capabilities.decoding in ("kv_cache", "window_cache", "constant", "recompute")
+    if layer.capabilities.decoding == "constant":
+        assert all(s.shape[0] == B and T not in s.shape for s in state if isinstance(s, torch.Tensor))
+    if layer.capabilities.decoding == "window_cache" and layer.stride == 0:
+        assert state.k.shape[2] <= layer.window + layer.num_global  # the cache does not grow with T
+
+
+@pytest.mark.parametrize("name", [i.name for i in pd.list_attentions() if not i.capabilities.causal])
+def test_non_causal_mechanisms_say_they_cannot_decode(name):
+    assert next(i for i in pd.list_attentions() if i.name == name).capabilities.decoding == "none"
