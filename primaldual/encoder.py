@@ -122,6 +122,23 @@ class EncoderBlock(nn.Module):
             x = self.norm2(x)
         return (x, w) if need_weights else x
 
+    def step(self, x_t: Tensor, state: Any, mask_t: Tensor | None = None) -> tuple[Tensor, Any]:
+        """Decode one token through the block (causal attention): ``x_t`` ``(B, dim)`` -> ``(B, dim)``, new state.
+
+        Equal to :meth:`forward` at that position; dropout and drop-path act as in the current mode (call
+        ``eval()`` for deterministic decoding).
+        """
+        h = self.norm1(x_t) if self.norm_first else x_t
+        a, state = self.attn.step(h, state, mask_t)
+        x = x_t + self.drop_path(self.drop(a))
+        if not self.norm_first:
+            x = self.norm1(x)
+        h = self.norm2(x) if self.norm_first else x
+        x = x + self.drop_path(self.ffn(h))
+        if not self.norm_first:
+            x = self.norm2(x)
+        return x, state
+
 
 def _per_layer(value: Any, depth: int, name: str) -> list[Any]:
     if isinstance(value, (list, tuple)):
@@ -191,6 +208,20 @@ class Encoder(nn.Module):
     @property
     def attention_names(self) -> list[str]:
         return [b.attention_name for b in self.blocks]
+
+    def init_state(
+        self, batch: int, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> list[Any]:
+        """Per-layer decoding states for ``batch`` sequences (every layer must be causal)."""
+        return [b.attn.init_state(batch, device=device, dtype=dtype) for b in self.blocks]
+
+    def step(self, x_t: Tensor, states: list[Any], mask_t: Tensor | None = None) -> tuple[Tensor, list[Any]]:
+        """Decode one token through the stack: ``x_t`` ``(B, dim)``; returns ``(B, dim)`` and the new states."""
+        new = []
+        for block, state in zip(self.blocks, states, strict=True):
+            x_t, state = block.step(x_t, state, mask_t)
+            new.append(state)
+        return self.norm(x_t), new
 
     def forward(
         self, x: Tensor, mask: Tensor | None = None, *, need_weights: bool = False

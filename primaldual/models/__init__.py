@@ -6,6 +6,7 @@ plans, and the training configs use them (``model.plan``). Auxiliary losses (KSV
 task loss by the training module via :func:`primaldual.collect_aux_loss`.
 """
 
+from .lm import CausalLM, LMState
 from .plans import primal_plus, primalformer
 from .pooling import masked_mean
 from .retrieval import RetrievalClassifier
@@ -14,6 +15,8 @@ from .timeseries import TimeSeriesClassifier
 from .vit import VisionClassifier
 
 __all__ = [
+    "CausalLM",
+    "LMState",
     "RetrievalClassifier",
     "SequenceClassifier",
     "SequenceEncoder",

@@ -1,0 +1,224 @@
+"""Decoder-only language model on the shared encoder, with incremental generation.
+
+``CausalLM`` is token embedding + positions -> causal pre-LN blocks of :class:`~primaldual.Encoder` (final norm)
+-> output layer tied to the embedding. The attention of each layer is a registry name, so Transformer
+(``"softmax"``), Primal.+Trans. (``["softmax"] * 5 + ["primal"]``, the last layer causal primal), PrimalFormer (all
+``"primal"``), linear, causal Attention-BN and Attention-SH language models are configurations.
+
+Padding: ``mask`` ``(B, N)`` bool, True = real token. Positions count real tokens only (``cumsum(mask) - 1``), so a
+left-padded prompt gets the positions it would have alone. :meth:`CausalLM.generate` left-aligns prompts of
+different lengths and decodes one token at a time through each layer's decoding state (a KV cache for softmax,
+a constant-size state for primal and linear; see ``Capabilities.decoding``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Literal, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..encoder import Encoder
+from ..options import check_int, check_number
+
+__all__ = ["CausalLM", "LMState"]
+
+
+class LMState(NamedTuple):
+    """Decoding state of a :class:`CausalLM`.
+
+    Attributes:
+        layers: one decoding state per block (see each attention's ``init_state``).
+        count: ``(B,)`` int64 real tokens seen per sequence (the next real token's position).
+    """
+
+    layers: list[Any]
+    count: Tensor
+
+
+class CausalLM(nn.Module):
+    """Decoder-only language model; the attention of each layer by registry name (all must support causal).
+
+    Args:
+        vocab_size: number of token ids.
+        max_len: longest context (positions table size for ``positions="learned"``).
+        dim, depth, num_heads, ffn_dim, dropout: decoder sizes.
+        attention, attention_options: per-layer registry names / options, as :class:`~primaldual.Encoder`.
+        positions: ``"learned"`` (a ``(max_len, dim)`` table) or ``"sinusoidal"`` (fixed; still capped at max_len).
+        tie_embeddings: output layer shares the token embedding's weight (the reference LM does).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        max_len: int,
+        *,
+        dim: int = 512,
+        depth: int = 6,
+        num_heads: int = 8,
+        ffn_dim: int = 2048,
+        dropout: float = 0.1,
+        attention: str | Sequence[str] = "softmax",
+        attention_options: dict[str, Any] | Sequence[dict[str, Any] | None] | None = None,
+        positions: Literal["learned", "sinusoidal"] = "learned",
+        tie_embeddings: bool = True,
+    ) -> None:
+        super().__init__()
+        check_int("vocab_size", vocab_size, low=1)
+        check_int("max_len", max_len, low=1)
+        if positions not in ("learned", "sinusoidal"):
+            raise ValueError(f"positions must be 'learned' or 'sinusoidal', got {positions!r}")
+        self.vocab_size, self.max_len, self.dim = vocab_size, max_len, dim
+        self.embed = nn.Embedding(vocab_size, dim)
+        nn.init.normal_(self.embed.weight, std=dim**-0.5)
+        self.positions = positions
+        if positions == "learned":
+            self.pos = nn.Parameter(torch.zeros(max_len, dim))
+            nn.init.trunc_normal_(self.pos, std=0.02)
+        else:
+            self.register_buffer("pos", _sinusoidal(max_len, dim), persistent=False)
+        self.drop = nn.Dropout(dropout)
+        self.decoder = Encoder(
+            dim, depth, num_heads, attention, attention_options, ffn_dim=ffn_dim, dropout=dropout, causal=True
+        )
+        self.head = None if tie_embeddings else nn.Linear(dim, vocab_size, bias=False)
+
+    # ------------------------------------------------------------------------------------------------
+    def _embed(self, ids: Tensor, positions: Tensor) -> Tensor:
+        if positions.numel() and int(positions.max()) >= self.max_len:  # one check per call, at model entry
+            raise ValueError(
+                f"sequence needs position {int(positions.max())} but the model has max_len={self.max_len} positions"
+            )
+        return self.drop(self.embed(ids) * math.sqrt(self.dim) + self.pos[positions])
+
+    def _logits(self, h: Tensor) -> Tensor:
+        return F.linear(h, self.embed.weight) if self.head is None else self.head(h)
+
+    def _check_ids(self, ids: Tensor, name: str = "ids") -> None:
+        if not isinstance(ids, Tensor) or ids.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"{name} must be an int64 tensor of token ids, got {getattr(ids, 'dtype', type(ids))}")
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
+            raise ValueError(
+                f"{name} must hold ids in [0, {self.vocab_size}), got [{int(ids.min())}, {int(ids.max())}]"
+            )
+
+    def forward(self, ids: Tensor, mask: Tensor | None = None) -> Tensor:
+        """ids ``(B, N)`` int64; mask ``(B, N)`` bool (True = real token). Returns logits ``(B, N, vocab_size)``."""
+        self._check_ids(ids)
+        if ids.dim() != 2:
+            raise ValueError(f"ids must have shape (B, N), got {tuple(ids.shape)}")
+        B, N = ids.shape
+        if mask is None:
+            positions = torch.arange(N, device=ids.device).expand(B, N)  # (B, N)
+        else:
+            if mask.dtype != torch.bool or mask.shape != ids.shape:
+                raise ValueError(f"mask must be a torch.bool tensor of shape {tuple(ids.shape)} (True = real token)")
+            positions = (mask.long().cumsum(1) - 1).clamp_min(0)  # (B, N): rank among the real tokens
+        h = self.decoder(self._embed(ids, positions), mask)  # (B, N, dim)
+        return self._logits(h)
+
+    # ------------------------------------------------------------------------------------------------
+    def init_state(self, batch: int) -> LMState:
+        """An empty decoding state for ``batch`` sequences."""
+        ref = self.embed.weight
+        layers = self.decoder.init_state(batch, device=ref.device, dtype=ref.dtype)
+        return LMState(layers, torch.zeros(batch, dtype=torch.long, device=ref.device))
+
+    def step(self, ids_t: Tensor, state: LMState, mask_t: Tensor | None = None) -> tuple[Tensor, LMState]:
+        """Decode one token per sequence: ``ids_t`` ``(B,)``; returns logits ``(B, vocab_size)`` and the new state,
+        equal to :meth:`forward`'s logits at that position."""
+        self._check_ids(ids_t, "ids_t")
+        B = ids_t.shape[0]
+        real = torch.ones(B, dtype=torch.bool, device=ids_t.device) if mask_t is None else mask_t
+        positions = (state.count + real.long() - 1).clamp_min(0)  # (B,) as cumsum(mask) - 1 in forward
+        h, layers = self.decoder.step(self._embed(ids_t, positions), state.layers, real)
+        return self._logits(h), LMState(layers, state.count + real.long())
+
+    @torch.no_grad()
+    def generate(
+        self,
+        ids: Tensor,
+        mask: Tensor | None = None,
+        max_new_tokens: int = 32,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        eos_id: int | None = None,
+        seed: int | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Continue each prompt by up to ``max_new_tokens`` tokens (eval mode, no gradients).
+
+        Args:
+            ids: ``(B, N)`` prompts; mask: ``(B, N)`` bool (True = real token; prompts of different lengths may be
+                padded on either side; they are left-aligned first). Every prompt needs one real token.
+            temperature: 0 is greedy (argmax); otherwise sample from ``softmax(logits / temperature)``.
+            top_k: sample among the ``top_k`` most likely tokens only.
+            eos_id: a sequence that produced it stops (later positions are padding, mask False, id ``eos_id``).
+            seed: seeds a private generator (sampling does not touch the global RNG).
+
+        Returns:
+            ``(ids, mask)`` of shape ``(B, N + max_new_tokens)``, prompts left-padded.
+        """
+        self._check_ids(ids)
+        check_int("max_new_tokens", max_new_tokens, low=0)
+        check_number("temperature", temperature, low=0.0)
+        check_int("top_k", top_k, low=1, allow_none=True)
+        check_int("eos_id", eos_id, low=0, high=self.vocab_size - 1, allow_none=True)
+        B, N = ids.shape
+        mask = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask
+        if mask.dtype != torch.bool or mask.shape != ids.shape:
+            raise ValueError(f"mask must be a torch.bool tensor of shape {tuple(ids.shape)} (True = real token)")
+        if not bool(mask.any(1).all()):
+            raise ValueError("every prompt needs at least one real token (a row of mask is all False)")
+        if int(mask.sum(1).max()) + max_new_tokens > self.max_len:
+            raise ValueError(
+                f"prompt length + max_new_tokens = {int(mask.sum(1).max()) + max_new_tokens} exceeds the model's "
+                f"max_len={self.max_len} positions"
+            )
+        order = torch.sort(mask.int(), dim=1, stable=True).indices  # (B, N): pads first, then the prompt in order
+        ids, mask = ids.gather(1, order), mask.gather(1, order)
+        gen = None if seed is None else torch.Generator(device=ids.device).manual_seed(seed)
+        was_training = self.training
+        self.eval()
+        try:
+            state = self.init_state(B)
+            for t in range(N):
+                logits, state = self.step(ids[:, t], state, mask[:, t])
+            out_ids, out_mask = [ids], [mask]
+            alive = torch.ones(B, dtype=torch.bool, device=ids.device)
+            for _ in range(max_new_tokens):
+                nxt = _sample(logits, temperature, top_k, gen)  # (B,)
+                if eos_id is not None:
+                    nxt = torch.where(alive, nxt, torch.full_like(nxt, eos_id))
+                out_ids.append(nxt[:, None])
+                out_mask.append(alive[:, None].clone())
+                logits, state = self.step(nxt, state, alive)
+                if eos_id is not None:
+                    alive = alive & (nxt != eos_id)
+        finally:
+            self.train(was_training)
+        return torch.cat(out_ids, 1), torch.cat(out_mask, 1)
+
+
+def _sample(logits: Tensor, temperature: float, top_k: int | None, gen: torch.Generator | None) -> Tensor:
+    """Next token per row from ``logits`` ``(B, V)``: argmax at temperature 0, else a (top-k) softmax sample."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(logits.softmax(-1), 1, generator=gen)[:, 0]
+
+
+def _sinusoidal(n: int, dim: int) -> Tensor:
+    """The fixed ``(n, dim)`` sin / cos table of Vaswani et al."""
+    pos = torch.arange(n, dtype=torch.float32)[:, None]  # (n, 1)
+    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))  # (dim/2,)
+    table = torch.zeros(n, dim)
+    table[:, 0::2] = torch.sin(pos * freq)
+    table[:, 1::2] = torch.cos(pos * freq[: dim // 2])
+    return table
