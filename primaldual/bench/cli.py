@@ -1,4 +1,4 @@
-"""``primaldual bench {layers,lra,profile,plot}`` and ``primaldual smoke``: the benchmark subcommands."""
+"""``primaldual bench {layers,lra,decode,profile,plot}`` and ``primaldual smoke``: the benchmark subcommands."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def _profile(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``bench`` (with its sub-subcommands) and ``smoke`` to the ``primaldual`` parser."""
-    from . import layers, lra
+    from . import decode, layers, lra
 
     p = subparsers.add_parser(
         "smoke",
@@ -106,6 +106,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     lra.add_arguments(p)
     p.set_defaults(func=_lra)
+    p = sub.add_parser(
+        "decode",
+        help="per-token latency and memory of generation against context length (KV cache vs constant state)",
+        formatter_class=FORMATTER,
+        epilog=examples(
+            "primaldual bench decode --attentions softmax,primal,linear --batches 1,8 --contexts 1024,4096,16384,65536",
+            'primaldual bench decode --attentions primal --contexts 1024,65536 --options \'{"primal": {"s": 30}}\'',
+        ),
+    )
+    decode.add_arguments(p)
+    p.set_defaults(func=decode.run_from_args)
     p = sub.add_parser(
         "profile",
         help="torch.profiler tables (time, memory): LRA training steps of one model, or one --layer",
