@@ -40,12 +40,14 @@ from typing import Any
 from ..utils.io import atomic_write_json, atomic_write_text
 
 __all__ = [
+    "FLOOR",
     "PEERS",
     "SweepConfig",
     "fit_slope",
     "machine_info",
     "profile_layer",
     "profile_tables",
+    "projection_floor",
     "run_sweep",
     "run_worker",
     "status_kb",
@@ -54,6 +56,29 @@ __all__ = [
 
 # Peers from PyPI (the 'bench' extra): name -> (module, builder source) built in the worker.
 PEERS = ("performer", "nystrom")
+# The floor of the primal layer: its unavoidable dense maps without the attention (recorded in every sweep).
+FLOOR = "projections"
+
+
+def projection_floor(dim: int, heads: int, s: int = 20) -> Any:
+    """``(B, N, dim) -> (B, N, dim)``: the primal layer's Q/K projection ``dim -> 2 dim`` and its fused output map
+    ``heads * 2s -> dim`` (fed with the first ``heads * 2s`` projected channels), nothing else: what the layer
+    costs at the least, so the sweep's ``primal / projections`` ratio is its overhead."""
+    import torch
+    from torch import nn
+
+    class ProjectionFloor(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qk = nn.Linear(dim, 2 * dim)
+            self.out = nn.Linear(heads * 2 * s, dim)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.out(self.qk(x)[..., : heads * 2 * s])  # (B, N, 2 dim) -> (B, N, H*2s) -> (B, N, dim)
+
+    if heads * 2 * s > 2 * dim:
+        raise ValueError(f"the projections floor needs heads * 2s <= 2 * dim, got {heads} * 2 * {s} > {2 * dim}")
+    return ProjectionFloor()
 
 
 @dataclass
@@ -132,7 +157,9 @@ def _build_layer(name: str, dim: int, heads: int, opts: dict[str, Any], device, 
     """A ``(B, N, dim) -> (B, N, dim)`` module and whether it takes our mask convention."""
     import torch
 
-    if name == "performer":
+    if name == FLOOR:
+        layer = projection_floor(dim, heads, **opts)
+    elif name == "performer":
         from performer_pytorch import SelfAttention
 
         layer = SelfAttention(dim=dim, heads=heads, dim_head=dim // heads, causal=False, **opts)
@@ -434,6 +461,13 @@ def _options(text: str) -> dict[str, dict[str, Any]]:
     return options
 
 
+def _floor_options(options: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The floor uses the primal layer's ``s`` unless given its own."""
+    if FLOOR not in options and "s" in options.get("primal", {}):
+        options = {**options, FLOOR: {"s": options["primal"]["s"]}}
+    return options
+
+
 def run_from_args(args: argparse.Namespace) -> int:
     """Run the sweep described by the parsed ``primaldual bench layers`` arguments.
 
@@ -447,11 +481,13 @@ def run_from_args(args: argparse.Namespace) -> int:
 
     names = [i.name for i in list_attentions() if i.capabilities.non_causal]
     attns = names if args.attentions == "all" else [a.strip() for a in args.attentions.split(",") if a.strip()]
+    if args.attentions == "all" or "primal" in attns:  # the primal layer's floor rides along with it
+        attns += [FLOOR] if FLOOR not in attns else []
     if args.peers:
         attns += [p for p in PEERS if p not in attns]
-    unknown = [a for a in attns if a not in names and a not in PEERS]
+    unknown = [a for a in attns if a not in names and a not in PEERS and a != FLOOR]
     if unknown:
-        raise ValueError(f"--attentions: unknown {unknown}; choose from {names + list(PEERS)}")
+        raise ValueError(f"--attentions: unknown {unknown}; choose from {[*names, FLOOR, *PEERS]}")
     cfg = SweepConfig(
         attentions=attns,
         lengths=_int_list(args.lengths, "--lengths"),
@@ -466,7 +502,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         mem_limit_gb=args.mem_limit_gb,
         threads=args.threads,
-        options=_options(args.options),
+        options=_floor_options(_options(args.options)),
         quadratic_max=args.quadratic_max,
     )
     bad = [m for m in cfg.modes if m not in ("fwd", "fwd_bwd")]

@@ -58,3 +58,18 @@ def test_plot_from_file(tmp_path):
     run_sweep(cfg, tmp_path / "l.json", progress=False)
     paths = plot_layers(tmp_path / "l.json", min_length=32)
     assert all(p.exists() and p.stat().st_size > 1000 for p in paths)
+
+
+def test_primal_sweep_records_its_projection_floor(tmp_path):
+    from primaldual.bench.layers import FLOOR, projection_floor
+    from primaldual.cli import main
+
+    out = tmp_path / "floor.json"
+    args = ["bench", "layers", "--attentions", "primal", "--lengths", "64", "--modes", "fwd_bwd", "--repeats", "1"]
+    assert main([*args, "--warmup", "0", "--options", '{"primal": {"s": 4}}', "--out", str(out)]) == 0
+    recs = json.loads(out.read_text())["records"]
+    assert {r["attention"] for r in recs} == {"primal", FLOOR}
+    assert all(r["status"] == "ok" for r in recs)
+    assert next(r for r in recs if r["attention"] == FLOOR)["options"] == {"s": 4}
+    floor = projection_floor(64, 2, s=20)
+    assert [tuple(p.shape) for p in floor.parameters()] == [(128, 64), (128,), (64, 80), (64,)]
