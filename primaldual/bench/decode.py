@@ -91,7 +91,7 @@ def _worker(case: dict[str, Any]) -> dict[str, Any]:
     model = (
         CausalLM(
             case["vocab"],
-            T + steps + 1,
+            T + case["warmup"] + steps,  # positions T ... T + warmup + steps - 1 are decoded
             dim=case["dim"],
             depth=case["depth"],
             num_heads=case["heads"],
