@@ -186,20 +186,14 @@ def primal_scores(phi_q: Tensor, phi_k: Tensor, w_e: Tensor, w_r: Tensor) -> Ten
 
 
 def primal_scores_from_input(
-    x: Tensor, qk_weight: Tensor, qk_bias: Tensor | None, w: Tensor, eps: float = 1e-12, *, fused: bool = True
+    x: Tensor, qk_weight: Tensor, qk_bias: Tensor | None, w: Tensor, eps: float = 1e-12
 ) -> tuple[Tensor, Tensor]:
     """The layer's fast path: token-major scores ``[e; r]`` straight from the layer input.
 
     Mathematically ``primal_scores(phi(Q), phi(K), w[..., 0, :, :, :], w[..., 1, :, :, :])`` with
     ``[Q, K] = x W^T + b``, computed as ``e_i = (x_i A + c) / max(||q_i||, eps)`` where ``A = W_q^T W_e`` is
-    folded per head (a ``(C, 2 H s)`` matrix, ``(B, C, 2 H s)`` if data-dependent): no block-diagonal waste and
-    no normalised ``(B, N, 2C)`` copy, only per-token norms of ``[Q, K]``.
-
-    ``fused=True`` (default) runs the token-level work as one autograd function (:class:`_FusedScores`): one
-    GEMM ``x [W^T | A]`` gives ``[Q, K]`` and the unnormalised scores together, the backward is one GEMM for the
-    input gradient and one for the weight gradient, and the normalisation costs four element-wise passes in all.
-    ``fused=False`` is the plain autograd composition of the same maths (kept as the reference the fused path is
-    tested and timed against).
+    folded per head (a ``(C, 2 H s)`` matrix, ``(B, C, 2 H s)`` if data-dependent): one GEMM over the tokens
+    with no block-diagonal waste and no normalised ``(B, N, 2C)`` copy, and only per-token norms of ``[Q, K]``.
 
     Args:
         x: ``(B, N, C)`` layer input (prefix means of it for the causal variant: q, k are affine in x).
@@ -209,86 +203,24 @@ def primal_scores_from_input(
 
     Returns:
         ``(scores, qk)``: scores ``(B, N, H, 2, s)`` token-major (``[..., 0, :]`` is e, ``[..., 1, :]`` is r);
-        qk ``(B, N, 2, H, p)`` the unnormalised queries / keys (not differentiable on the fused path: it is
-        returned for the kernel matrix of ``need_weights``).
+        qk ``(B, N, 2, H, p)`` the unnormalised queries / keys.
     """
     B, N, C = x.shape
     H, p, s = w.shape[-3:]
+    qk = F.linear(x, qk_weight, qk_bias).view(B, N, 2, H, p)  # (B, N, 2, H, p)
+    inv = torch.linalg.vector_norm(qk, dim=-1).clamp_min(eps).reciprocal()  # (B, N, 2, H)
     wq = qk_weight.view(2, H, p, C)  # (2, H, p, C)
     if w.dim() == 5:
         a = torch.einsum("thpc,bthps->bchts", wq, w).reshape(B, C, H * 2 * s)  # (B, C, H*2*s)
-        c = None if qk_bias is None else torch.einsum("thp,bthps->bhts", qk_bias.view(2, H, p), w).reshape(B, -1)
+        u = x @ a  # (B, N, H*2*s)
+        if qk_bias is not None:
+            u = u + torch.einsum("thp,bthps->bhts", qk_bias.view(2, H, p), w).reshape(B, 1, H * 2 * s)
     else:
         a = torch.einsum("thpc,thps->chts", wq, w).reshape(C, H * 2 * s)  # (C, H*2*s)
         c = None if qk_bias is None else torch.einsum("thp,thps->hts", qk_bias.view(2, H, p), w).reshape(-1)
-    if not fused:
-        qk = F.linear(x, qk_weight, qk_bias).view(B, N, 2, H, p)  # (B, N, 2, H, p)
-        inv = torch.linalg.vector_norm(qk, dim=-1).clamp_min(eps).reciprocal()  # (B, N, 2, H)
-        u = (x @ a if a.dim() == 3 else F.linear(x, a.T)).view(B, N, H, 2, s)  # (B, N, H, 2, s)
-        if c is not None:
-            u = u + c.view(-1 if c.dim() == 2 else 1, 1, H, 2, s)
-        return u * inv.transpose(2, 3).unsqueeze(-1), qk
-    # one map for [Q, K] and the unnormalised scores: M = [W^T | A], bias = [b | c]
-    wt = qk_weight.T if a.dim() == 2 else qk_weight.T.expand(B, C, 2 * H * p)  # (C, 2Hp) or (B, C, 2Hp)
-    m = torch.cat([wt, a], -1)  # (C, 2Hp + 2Hs) or (B, C, 2Hp + 2Hs)
-    bias = None
-    if qk_bias is not None:
-        bias = torch.cat([qk_bias if c.dim() == 1 else qk_bias.expand(B, 2 * H * p), c], -1)  # (K,) or (B, K)
-    scores, qk = _FusedScores.apply(x, m, bias, H, p, s, float(eps))
+        u = F.linear(x, a.T, c)  # (B, N, H*2*s)
+    scores = u.view(B, N, H, 2, s) * inv.transpose(2, 3).unsqueeze(-1)  # (B, N, H, 2, s)
     return scores, qk
-
-
-class _FusedScores(torch.autograd.Function):
-    """``y = x M + bias`` split into ``[Q, K]`` and ``u``; ``scores = u / max(||q||, eps)`` per head.
-
-    Shapes: x ``(B, N, C)``, M ``(C, K)`` or ``(B, C, K)``, bias ``(K,)`` / ``(B, K)`` / None with
-    ``K = 2Hp + 2Hs``. Saves x, M, y and the inverse norms; the backward forms ``[dQK | du]`` in one buffer
-    so the input gradient is one GEMM with ``M^T`` and the weight gradient one GEMM with ``x^T``.
-    """
-
-    @staticmethod
-    def forward(ctx, x: Tensor, m: Tensor, bias: Tensor | None, H: int, p: int, s: int, eps: float):  # noqa: N803
-        B, N, C = x.shape
-        kq = 2 * H * p
-        if m.dim() == 2:
-            y = F.linear(x, m.T, bias)  # (B, N, K)
-        else:
-            y = torch.baddbmm(bias[:, None, :], x, m) if bias is not None else torch.bmm(x, m)  # (B, N, K)
-        qk = y[..., :kq].view(B, N, 2, H, p)  # (B, N, 2, H, p)
-        u = y[..., kq:].view(B, N, H, 2, s)  # (B, N, H, 2, s)
-        norm = torch.linalg.vector_norm(qk, dim=-1)  # (B, N, 2, H)
-        inv = norm.clamp_min(eps).reciprocal_()
-        inv_t = inv.transpose(2, 3).unsqueeze(-1)  # (B, N, H, 2, 1)
-        scores = u * inv_t  # (B, N, H, 2, s)
-        ctx.save_for_backward(x, m, y, inv, norm)
-        ctx.shape = (H, p, s, eps, bias is not None)
-        ctx.mark_non_differentiable(qk)
-        return scores, qk
-
-    @staticmethod
-    def backward(ctx, g_scores: Tensor, _g_qk: Tensor | None):
-        x, m, y, inv, norm = ctx.saved_tensors
-        H, p, s, eps, has_bias = ctx.shape
-        B, N, C = x.shape
-        kq = 2 * H * p
-        u = y[..., kq:].view(B, N, H, 2, s)
-        qk = y[..., :kq].view(B, N, 2, H, p)
-        inv_t = inv.transpose(2, 3).unsqueeze(-1)  # (B, N, H, 2, 1)
-        g_u = g_scores * inv_t  # (B, N, H, 2, s): du = g / ||q||
-        # d(1/||q||) = -q / ||q||^3 where ||q|| > eps (the clamp has no gradient below it)
-        g_inv = (g_scores * u).sum(-1).transpose(2, 3)  # (B, N, 2, H)
-        coef = g_inv * inv.pow(3) * (norm > eps).to(inv.dtype)  # (B, N, 2, H)
-        g_qk = qk * coef.neg_().unsqueeze(-1)  # (B, N, 2, H, p)
-        g_y = torch.cat([g_qk.reshape(B, N, kq), g_u.reshape(B, N, -1)], -1)  # (B, N, K): [dQK | du]
-        if m.dim() == 2:
-            g_x = g_y @ m.T  # (B, N, C)
-            g_m = x.reshape(-1, C).T @ g_y.reshape(-1, g_y.shape[-1])  # (C, K)
-            g_b = g_y.sum((0, 1)) if has_bias else None
-        else:
-            g_x = torch.bmm(g_y, m.transpose(1, 2))  # (B, N, C)
-            g_m = torch.bmm(x.transpose(1, 2), g_y)  # (B, C, K)
-            g_b = g_y.sum(1) if has_bias else None
-        return g_x, g_m, g_b, None, None, None, None
 
 
 class _MaskedSquareSums(torch.autograd.Function):

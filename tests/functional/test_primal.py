@@ -123,10 +123,9 @@ def test_ksvd_gradients_reach_lambda_and_weights():
     assert rel_err(w_r.grad, -2 * 2.0 * w_e.detach()) < 1e-12
 
 
-@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("data_dependent", [True, False])
 @pytest.mark.parametrize("bias", [True, False])
-def test_fused_scores_equal_feature_path(data_dependent, bias, fused):
+def test_fused_scores_equal_feature_path(data_dependent, bias):
     from primaldual.functional.primal import primal_scores_from_input
 
     B, N, H, p, s = 2, 9, 3, 4, 5
@@ -137,14 +136,8 @@ def test_fused_scores_equal_feature_path(data_dependent, bias, fused):
     b = torch.randn(2 * C, dtype=torch.float64) if bias else None
     shape = (B, H, p, s) if data_dependent else (H, p, s)
     we, wr = torch.randn(2, *shape, dtype=torch.float64)
-    x.requires_grad_(True)
-    scores, qk = primal_scores_from_input(x, w, b, torch.stack((we, wr), -4), fused=fused)
+    scores, qk = primal_scores_from_input(x, w, b, torch.stack((we, wr), -4))
     q, k = torch.nn.functional.linear(x, w, b).view(B, N, 2, H, p).permute(2, 0, 3, 1, 4)  # (B, H, N, p) each
     want = primal_scores(cosine_feature_map(q), cosine_feature_map(k), we, wr)  # (B, H, N, 2s)
-    got = scores.reshape(B, N, H, 2 * s).transpose(1, 2)
-    assert rel_err(got, want) < 1e-12
-    assert rel_err(qk.permute(2, 0, 3, 1, 4)[0], q) < 1e-14
-    g = torch.randn_like(want)
-    (g_got,) = torch.autograd.grad((got * g).sum(), x)
-    (g_want,) = torch.autograd.grad((want * g).sum(), x)
-    assert rel_err(g_got, g_want) < 1e-12  # the fused backward, the zero token included
+    assert rel_err(scores.reshape(B, N, H, 2 * s).transpose(1, 2), want) < 1e-12
+    assert torch.equal(qk.permute(2, 0, 3, 1, 4)[0], q)
