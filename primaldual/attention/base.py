@@ -41,20 +41,75 @@ class PrefixState(NamedTuple):
 
 
 class KVCache(NamedTuple):
-    """Keys and values of the prefix for softmax-family decoding.
+    """Keys and values of the prefix for softmax-family decoding, in buffers that grow by doubling.
+
+    Appending writes in place (amortised O(1) per token, not a copy of the whole cache), so a state is consumed by
+    the ``step`` that returns its successor, as a Hugging Face cache is. The first ``length`` slots are in use.
 
     Attributes:
-        k, v: ``(B, H, T, D)`` projected keys / values of the tokens kept.
-        mask: ``(B, T)`` bool, True = real token.
-        pos: ``(T,)`` int64 absolute position of each kept token (a window cache drops old ones).
-        t: number of tokens seen (the absolute position of the next one).
+        k_buf, v_buf: ``(B, H, capacity, D)`` projected keys / values.
+        mask_buf: ``(B, capacity)`` bool, True = real token.
+        pos_buf: ``(capacity,)`` int64 absolute position of each kept token (a window cache drops old ones).
+        length: slots in use. t: number of tokens seen (the absolute position of the next one).
     """
 
-    k: Tensor
-    v: Tensor
-    mask: Tensor
-    pos: Tensor
+    k_buf: Tensor
+    v_buf: Tensor
+    mask_buf: Tensor
+    pos_buf: Tensor
+    length: int
     t: int
+
+    @property
+    def k(self) -> Tensor:
+        """``(B, H, length, D)`` the kept keys."""
+        return self.k_buf[:, :, : self.length]
+
+    @property
+    def v(self) -> Tensor:
+        """``(B, H, length, D)`` the kept values."""
+        return self.v_buf[:, :, : self.length]
+
+    @property
+    def mask(self) -> Tensor:
+        """``(B, length)`` bool, True = real token."""
+        return self.mask_buf[:, : self.length]
+
+    @property
+    def pos(self) -> Tensor:
+        """``(length,)`` absolute positions of the kept tokens."""
+        return self.pos_buf[: self.length]
+
+    @classmethod
+    def of(cls, k: Tensor, v: Tensor, mask: Tensor, pos: Tensor, t: int) -> KVCache:
+        """A full cache from ``(B, H, T, D)`` keys / values, ``(B, T)`` mask and ``(T,)`` positions."""
+        return cls(k, v, mask, pos, k.shape[2], t)
+
+    def append(self, k: Tensor, v: Tensor, mask_t: Tensor) -> KVCache:
+        """The cache with one token's key / value (``(B, H, 1, D)``) added at position ``t`` (in place)."""
+        n, cap = self.length, self.k_buf.shape[2]
+        k_buf, v_buf, mask_buf, pos_buf = self.k_buf, self.v_buf, self.mask_buf, self.pos_buf
+        if n == cap:  # grow by doubling: amortised O(1) per token
+            new = max(16, 2 * cap)
+            k_buf = torch.cat([k_buf, k_buf.new_empty(*k_buf.shape[:2], new - cap, k_buf.shape[3])], 2)
+            v_buf = torch.cat([v_buf, v_buf.new_empty(*v_buf.shape[:2], new - cap, v_buf.shape[3])], 2)
+            mask_buf = torch.cat([mask_buf, mask_buf.new_zeros(mask_buf.shape[0], new - cap)], 1)
+            pos_buf = torch.cat([pos_buf, pos_buf.new_zeros(new - cap)])
+        k_buf[:, :, n] = k[:, :, 0]
+        v_buf[:, :, n] = v[:, :, 0]
+        mask_buf[:, n] = mask_t
+        pos_buf[n] = self.t
+        return KVCache(k_buf, v_buf, mask_buf, pos_buf, n + 1, self.t + 1)
+
+    def keep(self, keep: Tensor) -> KVCache:
+        """Only the slots where ``keep`` ``(length,)`` is True, moved to the front (in place)."""
+        idx = keep.nonzero()[:, 0]  # (kept,)
+        n = idx.numel()
+        self.k_buf[:, :, :n] = self.k_buf[:, :, idx]
+        self.v_buf[:, :, :n] = self.v_buf[:, :, idx]
+        self.mask_buf[:, :n] = self.mask_buf[:, idx]
+        self.pos_buf[:n] = self.pos_buf[idx]
+        return self._replace(length=n)
 
 
 class AttentionLayer(nn.Module):
@@ -207,25 +262,8 @@ class QKVAttention(AttentionLayer):
         fk = {"device": device or ref.device, "dtype": dtype or ref.dtype}
         empty = torch.zeros(batch, self.num_heads, 0, self.head_dim, **fk)  # (B, H, 0, D)
         dev = fk["device"]
-        return KVCache(
-            empty,
-            empty.clone(),
-            torch.zeros(batch, 0, dtype=torch.bool, device=dev),
-            torch.zeros(0, dtype=torch.long, device=dev),
-            0,
-        )
-
-    @staticmethod
-    def _append(cache: KVCache, k: Tensor, v: Tensor, mask_t: Tensor) -> KVCache:
-        """The cache with this token's key / value (``(B, H, 1, D)``) appended at position ``cache.t``."""
-        pos = torch.full((1,), cache.t, dtype=torch.long, device=cache.pos.device)
-        return KVCache(
-            torch.cat([cache.k, k], 2),  # (B, H, T+1, D)
-            torch.cat([cache.v, v], 2),
-            torch.cat([cache.mask, mask_t[:, None]], 1),  # (B, T+1)
-            torch.cat([cache.pos, pos]),
-            cache.t + 1,
-        )
+        mask = torch.zeros(batch, 0, dtype=torch.bool, device=dev)
+        return KVCache.of(empty, empty.clone(), mask, torch.zeros(0, dtype=torch.long, device=dev), 0)
 
     def _forward(self, x: Tensor, mask: Tensor | None, need_weights: bool) -> tuple[Tensor, Tensor | None]:
         B, N, _ = x.shape

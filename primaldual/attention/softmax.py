@@ -43,7 +43,7 @@ class SoftmaxAttention(QKVAttention):
         self._check_decoding()
         x_t, mask_t = self._check_step(x_t, mask_t)
         q, k, v = self._qkv_step(x_t)  # (B, H, 1, D) each
-        cache = self._append(state, k, v, mask_t)
+        cache = state.append(k, v, mask_t)
         out, _ = softmax_attention(q, cache.k, cache.v, key_mask=cache.mask, scale=self.scale)  # (B, H, 1, D)
         return self._out_step(out, mask_t), cache
 

@@ -64,7 +64,7 @@ class SparseAttention(QKVAttention):
         self._check_decoding()
         x_t, mask_t = self._check_step(x_t, mask_t)
         q, k, v = self._qkv_step(x_t)  # (B, H, 1, D) each
-        cache = self._append(state, k, v, mask_t)
+        cache = state.append(k, v, mask_t)
         t, pos = cache.t - 1, cache.pos  # this token's position; (T,) positions of the kept keys
         allowed = (t - pos).abs() <= self.window
         if self.stride > 0:
@@ -74,9 +74,10 @@ class SparseAttention(QKVAttention):
         out, _ = softmax_attention(
             q, cache.k, cache.v, key_mask=cache.mask, attn_mask=allowed[None, None, None, :], scale=self.scale
         )  # (B, H, 1, D)
-        if self.stride == 0:  # the next query sees keys >= t + 1 - window, and the global ones
-            keep = (pos >= t + 1 - self.window) | (pos < self.num_global)
-            cache = KVCache(cache.k[:, :, keep], cache.v[:, :, keep], cache.mask[:, keep], pos[keep], cache.t)
+        # without a stride the next queries see keys >= t + 1 - window and the global ones: drop the rest once
+        # the cache holds twice what it needs (amortised O(1); the pattern mask keeps results exact meanwhile)
+        if self.stride == 0 and cache.length > 2 * (self.window + self.num_global) + 16:
+            cache = cache.keep((pos >= t + 1 - self.window) | (pos < self.num_global))
         return self._out_step(out, mask_t), cache
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, key_mask, need_weights: bool):

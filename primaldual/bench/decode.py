@@ -55,7 +55,7 @@ def filled_state(model: Any, batch: int, context: int) -> Any:
             shape = (batch, attn.num_heads, keep, attn.head_dim)  # (B, H, T kept, D)
             mask = torch.ones(batch, keep, dtype=torch.bool, device=ref.device)
             pos = torch.arange(context - keep, context, device=ref.device)
-            layers.append(KVCache(torch.randn(shape, **fk), torch.randn(shape, **fk), mask, pos, context))
+            layers.append(KVCache.of(torch.randn(shape, **fk), torch.randn(shape, **fk), mask, pos, context))
         elif isinstance(empty, PrimalState):
             count = torch.full((batch,), float(context), **fk)
             layers.append(PrimalState(torch.randn_like(empty.sum_q), torch.randn_like(empty.sum_k), count))
