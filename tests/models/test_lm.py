@@ -110,3 +110,14 @@ def test_bad_input_is_refused_clearly():
         model.generate(ids, torch.zeros_like(mask))
     with pytest.raises(ValueError, match="causal"):
         CausalLM(V, MAXLEN, dim=DIM, depth=1, num_heads=HEADS, attention="linear_bn")
+
+
+def test_docs_snippet_runs():
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "language_modelling.md").read_text()
+    code = re.findall(r"```python\n(.*?)```", doc, re.S)[0]  # the model section's snippet
+    scope: dict = {}
+    exec(compile(code, "docs/language_modelling.md", "exec"), scope)
+    assert scope["out_ids"].shape == (2, 80) and torch.isfinite(scope["ksvd"])
