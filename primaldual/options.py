@@ -72,10 +72,16 @@ def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
 
 
 def _range(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
+    lo, hi = _num(low), _num(high)
     if low is None and high is None:
         return ""
     if high is None:
-        return f" {'>' if low_open else '>='} {low:g}"
+        return f" {'>' if low_open else '>='} {lo}"
     if low is None:
-        return f" {'<' if high_open else '<='} {high:g}"
-    return f" in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        return f" {'<' if high_open else '<='} {hi}"
+    return f" in {'(' if low_open else '['}{lo}, {hi}{')' if high_open else ']'}"
+
+
+def _num(v: float | None) -> str:
+    """Ints in full (a seed bound of 2**32 - 1 reads as 4294967295), floats compactly."""
+    return str(v) if isinstance(v, int) else f"{v:g}" if v is not None else ""

@@ -24,12 +24,15 @@ __all__ = ["analyze_run", "format_summary", "register"]
 def analyze_run(
     run_dir: str | Path, *, ckpt: str = "best", split: str = "test", samples: int = 64, batch_size: int = 16
 ) -> dict[str, Any]:
-    """Load a run's checkpoint and analyse it on ``samples`` examples of ``split`` (see the module docstring)."""
-    import torch
+    """Load a run's checkpoint and analyse it on ``samples`` examples of ``split`` (see the module docstring).
+
+    The checkpoint is read in the safe mode (``weights_only=True``: tensors and plain data only; anything else is
+    refused before it can run) and checked against the run's model.
+    """
     from torch.utils.data import DataLoader
 
-    from ..train.config import load_config
-    from ..train.run import build_datamodule, build_module
+    from ..train.checkpoints import check_fits, load_checkpoint
+    from ..train.run import build_datamodule, build_module, run_config
     from .report import analyze_model
 
     run_dir = Path(run_dir)
@@ -41,14 +44,15 @@ def analyze_run(
     path = run_dir / "checkpoints" / f"{ckpt}.ckpt" if ckpt in ("best", "last") else Path(ckpt)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} not found (--ckpt best, last, or a path)")
-    cfg = load_config(cfg_path)
+    cfg = run_config(run_dir)
+    state = load_checkpoint(path)["state_dict"]  # before any data is read: an unsafe file is refused first
     dm = build_datamodule(cfg)
     dm.prepare_data()
     dm.setup("test")
     if split not in dm.datasets:
         raise ValueError(f"split: {split!r} is not in this run's data (it has {sorted(dm.datasets)})")
     module = build_module(cfg, dm)
-    state = torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+    check_fits(module, {"state_dict": state}, path, str(cfg_path))
     module.load_state_dict(state)
     loader = DataLoader(dm.datasets[split], batch_size=batch_size, shuffle=False)
     result = analyze_model(module.model, loader, max_samples=samples)
@@ -98,6 +102,10 @@ def _cmd(args: argparse.Namespace) -> int:
         raise ValueError(f"--labels: needs {len(args.runs)} names (one per run), got {len(args.labels)}")
     if args.labels and len(set(args.labels)) != len(args.labels):
         raise ValueError(f"--labels: must be distinct, got {args.labels}")
+    from ..options import check_int
+
+    check_int("--samples", args.samples, low=1)
+    check_int("--batch", args.batch, low=1)
     missing = [r for r in args.runs if not Path(r).is_dir()]
     if missing:
         raise FileNotFoundError(f"no such run directory: {', '.join(missing)}")

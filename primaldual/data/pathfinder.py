@@ -32,7 +32,8 @@ operations.
 Files written by :func:`write_pathfinder`: ``{split}_images.npy`` (M, 32, 32) uint8, ``{split}_labels.npy`` (M,)
 int64, ``{split}_markers.npy`` (M, 2, 2) int16 (row, col), ``metadata.json``, ``contact_sheet.png``.
 The real LRA release (``lra_release/pathfinder32/curv_contour_length_14/``: ``metadata/<k>.npy`` lists and
-``imgs/<k>/sample_<n>.png``) is read by :func:`read_pathfinder_release`.
+``imgs/<k>/sample_<n>.png``) is read by :func:`read_pathfinder_release`. Every ``.npy`` is read with
+``allow_pickle=False``: a file holding pickled objects is refused (unpickling could run code from it).
 """
 
 from __future__ import annotations
@@ -420,14 +421,46 @@ def write_pathfinder(
     return out_dir
 
 
+def _load_npy(path: Path) -> np.ndarray:
+    """``np.load`` in the safe mode; a pickled (object) array or a malformed file is a ``ValueError`` naming it."""
+    try:
+        return np.load(path, allow_pickle=False)
+    except ValueError as e:
+        if "allow_pickle" in str(e):
+            raise ValueError(
+                f"{path}: refused to load: it holds pickled Python objects, which are never unpickled (that could "
+                "run code from the file); expected a plain numeric or string array"
+            ) from None
+        raise ValueError(f"{path}: not a readable .npy file ({e})") from None
+    except FileNotFoundError:
+        raise
+    except (OSError, EOFError) as e:
+        raise ValueError(f"{path}: not a readable .npy file ({e})") from None
+
+
+def _metadata_rows(path: Path) -> list[list[str]]:
+    """The rows of one release metadata file: text lines of space-separated fields (the LRA release's format,
+    despite the ``.npy`` suffix), or a real ``.npy`` string array (read without pickle)."""
+    with open(path, "rb") as f:
+        magic = f.read(6)
+    if magic == b"\x93NUMPY":
+        return [[str(x) for x in row] for row in np.atleast_2d(_load_npy(path))]
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: neither a .npy array nor text lines 'dir file _ label ...'") from None
+    return [line.split() for line in text.splitlines() if line.strip()]
+
+
 def read_pathfinder_release(
     root: str | os.PathLike, split: str | None = None, *, fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
 ) -> tuple[np.ndarray, np.ndarray]:
     """Read the LRA Pathfinder release layout.
 
-    ``root`` holds ``metadata/<k>.npy`` (rows of strings: image sub-directory, file name, ..., label in column 3)
-    and the PNGs they name. The metadata files, sorted by number, are split by file into train / val / test
-    with ``fractions`` (80/10/10 by default, the LRA split sizes); ``split=None`` returns everything.
+    ``root`` holds ``metadata/<k>.npy`` (in the release, text lines of space-separated fields despite the suffix:
+    image sub-directory, file name, ..., label in column 3; a real ``.npy`` string array is read too, never a
+    pickled one) and the PNGs they name. The metadata files, sorted by number, are split by file into train / val /
+    test with ``fractions`` (80/10/10 by default, the LRA split sizes); ``split=None`` returns everything.
 
     Args:
         root: the ``curv_contour_length_*`` directory.
@@ -436,6 +469,10 @@ def read_pathfinder_release(
 
     Returns:
         ``(images, labels)``: (M, S, S) uint8 and (M,) int64.
+
+    Raises:
+        MissingDataError: no metadata, or an image it names is missing. ValueError: naming the file (and row) of a
+            malformed or pickled metadata file or a bad label.
     """
     from PIL import Image
 
@@ -452,16 +489,19 @@ def read_pathfinder_release(
         files = files[cuts[i] : cuts[i + 1]]
     images, labels = [], []
     for f in files:
-        rows = np.load(f, allow_pickle=True)
-        for j, row in enumerate(np.atleast_2d(rows)):
+        for j, row in enumerate(_metadata_rows(f)):
             if len(row) < 4:
                 raise ValueError(f"{f}: row {j} has {len(row)} fields; expected >= 4 (dir, file, _, label, ...)")
             img_path = root / str(row[0]) / str(row[1])
             if not img_path.is_file():
                 raise MissingDataError(f"{f}: row {j} names {img_path}, which does not exist. " + FETCH_HINT)
+            try:
+                label = int(float(row[3]))
+            except ValueError:
+                raise ValueError(f"{f}: row {j}: label {row[3]!r} is not a number") from None
             with Image.open(img_path) as im:
                 images.append(np.asarray(im.convert("L"), dtype=np.uint8))
-            labels.append(int(float(row[3])))
+            labels.append(label)
     if not images:
         raise ValueError(f"{root}: split {split!r} has no images (too few metadata files for the fractions)")
     return np.stack(images), np.asarray(labels, dtype=np.int64)
@@ -489,8 +529,8 @@ class PathfinderDataset(Dataset):
             img_file = root / f"{split}_images.npy"
             if not img_file.is_file():
                 raise MissingDataError(f"Pathfinder split {split!r} not found at {img_file}. " + FETCH_HINT)
-            images = np.load(img_file)
-            labels = np.load(root / f"{split}_labels.npy")
+            images = _load_npy(img_file)
+            labels = _load_npy(root / f"{split}_labels.npy")
             source = "generated"
         self.images = images.reshape(len(images), -1)  # (M, S*S) row-major pixel tokens
         self.labels = labels

@@ -60,6 +60,7 @@ UEA_DATASETS: tuple[str, ...] = (
 )
 
 _MISSING = {"?", "nan", "NaN", "NAN"}
+_FLOAT32_MAX = float(np.finfo(np.float32).max)  # values are stored as float32: larger ones would become inf
 
 
 class TSFormatError(ValueError):
@@ -126,7 +127,9 @@ def read_ts(path: str | os.PathLike, class_names: list[str] | None = None) -> TS
 
     Raises:
         TSFormatError: naming the file and line, for a missing or malformed header, ragged channels, a wrong
-            channel count, non-numeric values, labels outside the ``@classLabel`` set, or time-stamped data.
+            channel count, an empty channel, non-numeric, infinite or float32-overflowing values (|x| > 3.4e38),
+            labels outside the ``@classLabel`` set, or time-stamped data; naming the file and channel for a channel
+            with no observed value in any case.
         FileNotFoundError: the file does not exist.
     """
     path = Path(path)
@@ -186,6 +189,8 @@ def read_ts(path: str | os.PathLike, class_names: list[str] | None = None) -> TS
                 raise TSFormatError(path, lineno, f"case has {len(chans)} channels, expected {dims}")
             rows = []
             for c, text in enumerate(chans):
+                if not text.strip():
+                    raise TSFormatError(path, lineno, f"channel {c} is empty (write missing values as '?')")
                 vals = []
                 for tok in text.split(","):
                     tok = tok.strip()
@@ -200,6 +205,10 @@ def read_ts(path: str | os.PathLike, class_names: list[str] | None = None) -> TS
                         ) from None
                     if math.isinf(v):
                         raise TSFormatError(path, lineno, f"channel {c}: infinite value {tok!r}")
+                    if abs(v) > _FLOAT32_MAX:
+                        raise TSFormatError(
+                            path, lineno, f"channel {c}: value {tok[:30]!r} overflows float32 (|x| > 3.4e38)"
+                        )
                     vals.append(v)
                 rows.append(vals)
             lengths = {len(r) for r in rows}
@@ -213,6 +222,12 @@ def read_ts(path: str | os.PathLike, class_names: list[str] | None = None) -> TS
         raise TSFormatError(path, None, "no @data line: not a .ts file")
     if not series:
         raise TSFormatError(path, None, "no cases after @data")
+    observed = np.zeros(series[0].shape[1], dtype=bool)
+    for x in series:
+        observed |= ~np.isnan(x).all(axis=0)
+    if not observed.all():
+        empty = np.flatnonzero(~observed).tolist()
+        raise TSFormatError(path, None, f"channel(s) {empty} have no observed value in any case (every value is '?')")
     assert labels_decl is not None
     if class_names is not None and list(class_names) != labels_decl:
         raise TSFormatError(
@@ -283,14 +298,19 @@ class ChannelNormalizer:
         self.mean: np.ndarray | None = None
         self.std: np.ndarray | None = None
 
-    def fit(self, series: list[np.ndarray]) -> ChannelNormalizer:
-        """series: arrays ``(L_i, C)``."""
+    def fit(self, series: list[np.ndarray], source: str | None = None) -> ChannelNormalizer:
+        """series: arrays ``(L_i, C)``; ``source`` (e.g. the file they came from) is named in errors."""
         allv = np.concatenate(series, axis=0).astype(np.float64)  # (sum L_i, C)
+        empty = np.flatnonzero(np.isnan(allv).all(axis=0)).tolist()
+        if empty:
+            where = f"{source}: " if source else ""
+            raise ValueError(
+                f"{where}channel(s) {empty} have no observed value in the {len(series)} training cases; "
+                "cannot normalise them"
+            )
         self.mean = np.nanmean(allv, axis=0)
         std = np.nanstd(allv, axis=0)
         self.std = np.where(std > self.eps, std, 1.0)  # constant channels are only centred
-        if np.isnan(self.mean).any():
-            raise ValueError("a channel has no observed value in the training split; cannot normalise it")
         return self
 
     def transform(self, series: list[np.ndarray]) -> list[np.ndarray]:

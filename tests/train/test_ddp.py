@@ -38,9 +38,9 @@ def test_ddp_two_processes_match_single_process(tmp_path):
     assert "test accuracy" in out.stdout
     s, d = json.loads((single / "summary.json").read_text()), json.loads((ddp / "summary.json").read_text())
     assert d["epochs"] == s["epochs"] == 2
-    a = torch.load(single / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
-    b = torch.load(ddp / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
-    first = torch.load(single / "checkpoints" / "best.ckpt", weights_only=False)
+    a = torch.load(single / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    b = torch.load(ddp / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    first = torch.load(single / "checkpoints" / "best.ckpt", weights_only=True)
     assert first["global_step"] > 0
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-3, atol=1e-4, msg=f"parameter {k}")

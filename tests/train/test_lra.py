@@ -82,8 +82,8 @@ def test_lra_resume_mid_epoch_matches_uninterrupted(tmp_path, listops_dir):
     for key in ("steps", "best_step", "test_acc", "test_loss", "val_acc"):
         assert got[key] == ref[key], key
     assert history_rows(dir_) == history_rows(ref_dir)
-    a = torch.load(ref_dir / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
-    b = torch.load(dir_ / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    a = torch.load(ref_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    b = torch.load(dir_ / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 

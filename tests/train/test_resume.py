@@ -33,7 +33,7 @@ def test_resume_after_sigkill_matches_uninterrupted(tmp_path):
     for key in ("epochs", "best_epoch", "test_acc", "test_loss", "val_acc"):
         assert got[key] == ref[key], key
     assert history_rows(dir_) == history_rows(ref_dir)  # every epoch's metrics, bit for bit
-    a = torch.load(ref_dir / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
-    b = torch.load(dir_ / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    a = torch.load(ref_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    b = torch.load(dir_ / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert len(list((dir_ / "logs").iterdir())) == 2  # one CSV log per attempt; none overwritten
