@@ -10,7 +10,25 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "primaldual"
 # optional extras (train, data, bench, theory): never imported by `import primaldual`
-HEAVY = {"lightning", "pytorch_lightning", "jsonargparse", "yaml", "matplotlib", "tqdm", "PIL", "scipy", "clarabel"}
+HEAVY = {
+    "lightning",
+    "pytorch_lightning",
+    "jsonargparse",
+    "yaml",
+    "matplotlib",
+    "tqdm",
+    "PIL",
+    "scipy",
+    "clarabel",
+    "transformers",
+    "accelerate",
+    "timm",
+    "torchvision",
+    "tokenizers",
+    "h5py",
+    "gymnasium",
+    "stable_baselines3",
+}
 HARNESS = ("primaldual.train", "primaldual.data", "primaldual.bench", "primaldual.analysis", "primaldual.cli")
 
 

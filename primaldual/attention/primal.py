@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..aux_loss import AuxLossMixin
-from ..checks import check_mask
+from ..checks import check_mask, check_tokens
 from ..functional.primal import (
     KSVD_REDUCTIONS,
     PADDING_MODES,
@@ -297,6 +297,26 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         fk = {"device": device or ref.device, "dtype": dtype or ref.dtype}
         zeros = torch.zeros(batch, self.num_heads, self.head_dim, **fk)  # (B, H, p)
         return PrimalState(zeros, zeros.clone(), torch.zeros(batch, **fk))
+
+    def prefill_state(self, x: Tensor, mask: Tensor | None = None) -> PrimalState:
+        """The decoding state after the tokens ``x`` ``(B, N, C)``: what ``N`` calls of :meth:`step` leave, in one pass.
+
+        ``sum_q = W_q (sum_t x_t) + count * b_q`` over the real tokens (every token in the ``reference`` padding
+        mode), likewise for keys. Detached: a state is for decoding, not for training.
+        """
+        self._check_decoding()
+        check_tokens(x, self.dim, "x")
+        mask = check_mask(mask, x.shape[0], x.shape[1], x.device, "mask")
+        with torch.no_grad():
+            B = x.shape[0]
+            every = mask is None or self.padding == "reference"
+            take = x.new_ones(B, x.shape[1]) if every else mask.to(x.dtype)  # (B, N)
+            count = take.sum(1)  # (B,)
+            qk = F.linear(torch.einsum("bn,bnc->bc", take, x), self.qk.weight)  # (B, C) -> (B, 2 H p)
+            if self.qk.bias is not None:
+                qk = qk + count[:, None] * self.qk.bias
+            qk = qk.view(B, 2, self.num_heads, self.head_dim)  # (B, 2, H, p)
+            return PrimalState(qk[:, 0].contiguous(), qk[:, 1].contiguous(), count)
 
     def step(self, x_t: Tensor, state: PrimalState, mask_t: Tensor | None = None) -> tuple[Tensor, PrimalState]:
         """Decode one token: the same output as the full causal forward at this position.

@@ -216,3 +216,17 @@ def test_observed_head_outputs_use_the_unfused_path_with_equal_output():
     handle.remove()
     assert rel_err(unfused, fused) < 1e-12
     assert seen[0].shape == (B, N, DIM)  # (B, N, H * p) concatenated head outputs
+
+
+@pytest.mark.parametrize("padding", ["exact", "reference"])
+def test_prefill_state_equals_stepping(padding):
+    layer = _layer(causal=True, padding=padding, s=5)
+    x = torch.randn(3, N, DIM, dtype=torch.float64)
+    mask = torch.ones(3, N, dtype=torch.bool)
+    mask[1, :4] = False
+    state = layer.init_state(3)
+    for t in range(N):
+        _, state = layer.step(x[:, t], state, mask[:, t])
+    pre = layer.prefill_state(x, mask)
+    for a, b in zip(pre, state):
+        assert rel_err(a, b) < 1e-12

@@ -1,0 +1,48 @@
+"""Hugging Face ``transformers`` integration (the ``hf`` extra: ``pip install "primaldual[hf]"``).
+
+Two ways in, as transformers separates "what a layer computes" from "how attention is executed":
+
+* :func:`convert` (a **module swap**): the self-attention of chosen layers of a GPT-2, BERT, RoBERTa, ViT or
+  Decision Transformer model becomes a primaldual layer with the original weights copied. Needed for mechanisms
+  with parameters of their own (Primal-Attention); works for every registered mechanism. ``generate()`` works on
+  converted causal models (the primal layer keeps its constant-size state in the model's cache), the KSVD term is
+  returned by ``collect_aux_loss(model)``, :class:`PrimalDualTrainer` adds it to the ``Trainer``'s loss, and
+  :func:`from_pretrained` reloads a converted model saved with ``save_pretrained``.
+* :func:`register_hf_attentions` (an **attention function**): the parameter-free mechanisms (softmax_bn,
+  softmax_sh, softmax_bn_sh, linear, linear_bn, sparse) as ``model.set_attn_implementation("primaldual_<name>")``.
+
+``import primaldual`` never imports transformers; import this module explicitly. See ``docs/integrations.md``.
+"""
+
+from __future__ import annotations
+
+try:
+    import transformers  # noqa: F401
+except ImportError as err:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        'primaldual.integrations.hf needs transformers>=5: pip install "primaldual[hf]" (or "transformers>=5")'
+    ) from err
+
+from .architectures import SUPPORTED_MODEL_TYPES
+from .cache import PrimalCacheLayer
+from .convert import CONVERSIONS_KEY, convert, converted_layers, from_pretrained
+from .kernels import HF_KERNELS, register_hf_attentions
+from .masks import key_mask_from_hf
+from .modules import HFSelfAttention, primal_prefill_state
+from .trainer import PrimalDualTrainer, add_aux_loss
+
+__all__ = [
+    "CONVERSIONS_KEY",
+    "HF_KERNELS",
+    "SUPPORTED_MODEL_TYPES",
+    "HFSelfAttention",
+    "PrimalCacheLayer",
+    "PrimalDualTrainer",
+    "add_aux_loss",
+    "convert",
+    "converted_layers",
+    "from_pretrained",
+    "key_mask_from_hf",
+    "primal_prefill_state",
+    "register_hf_attentions",
+]

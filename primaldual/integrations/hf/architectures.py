@@ -1,0 +1,208 @@
+"""Where each supported Hugging Face architecture keeps its self-attention, and how to read its weights.
+
+One entry per model type: the paths to its list of blocks, and a reader that takes a block and returns a
+:class:`Site`: the attribute holding the module to replace, its projections in ``nn.Linear`` layout, and the
+settings a faithful replacement needs (heads, causality, logit scale, dropouts, cache index, post-norm).
+
+=========================  ======================  ===========================  ==================================
+model type                 blocks                  replaced module              projections
+=========================  ======================  ===========================  ==================================
+``gpt2``                   ``transformer.h``       ``block.attn``               fused ``c_attn`` / ``c_proj``
+                                                                                (``Conv1D``: weights transposed)
+``decision_transformer``   ``encoder.h``           ``block.attn``               as GPT-2
+``bert``, ``roberta``      ``<base>.encoder.layer`` ``layer.attention`` (self +  ``self.query/key/value``,
+                                                   output block; its residual   ``output.dense``
+                                                   ``LayerNorm`` is kept)
+``vit``                    ``vit.layers``          ``layer.attention``          ``q_proj/k_proj/v_proj/o_proj``
+=========================  ======================  ===========================  ==================================
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import Tensor, nn
+
+__all__ = ["SUPPORTED_MODEL_TYPES", "Site", "find_blocks", "read_site"]
+
+Projection = tuple[Tensor, Tensor | None]
+
+
+@dataclass
+class Site:
+    """A block's self-attention, as :func:`~primaldual.integrations.hf.convert` needs it.
+
+    Attributes:
+        attr: the block attribute that holds the module to replace.
+        module: that module.
+        q, k, v, out: ``(weight, bias or None)`` in ``nn.Linear`` layout (``(out_features, in_features)``).
+        num_heads, causal, scale, attn_drop, proj_drop: the original's settings.
+        layer_idx: its index in the model's cache (None for encoders).
+        norm: the residual ``LayerNorm`` inside the replaced module (post-norm BERT), or None.
+    """
+
+    attr: str
+    module: nn.Module
+    q: Projection
+    k: Projection
+    v: Projection
+    out: Projection
+    num_heads: int
+    causal: bool
+    scale: float | None
+    attn_drop: float
+    proj_drop: float
+    layer_idx: int | None
+    norm: nn.Module | None = None
+
+    @property
+    def arg_names(self) -> tuple[str, ...]:
+        """The replaced forward's parameters after ``hidden_states`` that can be passed positionally."""
+        params = list(inspect.signature(type(self.module).forward).parameters.values())[2:]  # skip self, hidden
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        return tuple(p.name for p in params if p.kind in kinds)
+
+
+class LayoutError(ValueError):
+    """A block does not have the layout its model type promises (e.g. a transformers version with other names)."""
+
+
+def _linear(m: nn.Module) -> Projection:
+    return m.weight, m.bias
+
+
+def _gpt2(block: nn.Module) -> Site:
+    attn = getattr(block, "attn", None)
+    if attn is None or not hasattr(attn, "c_attn") or not hasattr(attn, "c_proj"):
+        raise LayoutError("expected a GPT-2 block with attn.c_attn and attn.c_proj")
+    if getattr(attn, "is_cross_attention", False):
+        raise LayoutError("block.attn is a cross-attention")
+    C = attn.embed_dim
+    w = attn.c_attn.weight.t()  # Conv1D stores (in, out): (C, 3C) -> (3C, C)
+    b = attn.c_attn.bias  # (3C,)
+    return Site(
+        attr="attn",
+        module=attn,
+        q=(w[:C], b[:C]),
+        k=(w[C : 2 * C], b[C : 2 * C]),
+        v=(w[2 * C :], b[2 * C :]),
+        out=(attn.c_proj.weight.t(), attn.c_proj.bias),  # (C, C) Conv1D -> Linear layout
+        num_heads=attn.num_heads,
+        causal=bool(getattr(attn, "is_causal", True)),
+        scale=float(attn.scaling),
+        attn_drop=float(attn.attn_dropout.p),
+        proj_drop=float(attn.resid_dropout.p),
+        layer_idx=attn.layer_idx,
+    )
+
+
+def _bert(block: nn.Module) -> Site:
+    att = getattr(block, "attention", None)
+    sa = getattr(att, "self", None)
+    so = getattr(att, "output", None)
+    if sa is None or so is None or not all(hasattr(sa, n) for n in ("query", "key", "value")):
+        raise LayoutError("expected a BERT layer with attention.self.query/key/value and attention.output.dense")
+    if getattr(att, "is_cross_attention", False):
+        raise LayoutError("layer.attention is a cross-attention")
+    if getattr(sa, "position_embedding_type", "absolute") not in (None, "absolute"):
+        raise LayoutError(f"relative position attention ({sa.position_embedding_type!r}) has no primaldual equivalent")
+    heads = sa.num_attention_heads
+    return Site(
+        attr="attention",
+        module=att,
+        q=_linear(sa.query),
+        k=_linear(sa.key),
+        v=_linear(sa.value),
+        out=_linear(so.dense),
+        num_heads=heads,
+        causal=bool(getattr(sa, "is_causal", False)),
+        scale=float(getattr(sa, "scaling", sa.attention_head_size**-0.5)),
+        attn_drop=float(sa.dropout.p),
+        proj_drop=float(so.dropout.p),
+        layer_idx=getattr(sa, "layer_idx", None),
+        norm=so.LayerNorm,
+    )
+
+
+def _vit(block: nn.Module) -> Site:
+    att = getattr(block, "attention", None)
+    if att is not None and all(hasattr(att, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
+        return Site(
+            attr="attention",
+            module=att,
+            q=_linear(att.q_proj),
+            k=_linear(att.k_proj),
+            v=_linear(att.v_proj),
+            out=_linear(att.o_proj),
+            num_heads=att.num_attention_heads,
+            causal=False,
+            scale=float(att.scaling),
+            attn_drop=float(att.attention_dropout),
+            proj_drop=0.0,
+            layer_idx=None,
+        )
+    sa, so = getattr(att, "attention", None), getattr(att, "output", None)
+    if sa is None or so is None or not all(hasattr(sa, n) for n in ("query", "key", "value")):
+        raise LayoutError("expected a ViT layer with attention.q_proj/k_proj/v_proj/o_proj")
+    return Site(  # the transformers 4 layout: attention.attention.query ..., attention.output.dense
+        attr="attention",
+        module=att,
+        q=_linear(sa.query),
+        k=_linear(sa.key),
+        v=_linear(sa.value),
+        out=_linear(so.dense),
+        num_heads=sa.num_attention_heads,
+        causal=False,
+        scale=float(getattr(sa, "scaling", sa.attention_head_size**-0.5)),
+        attn_drop=float(getattr(sa, "dropout_prob", 0.0)),
+        proj_drop=float(so.dropout.p),
+        layer_idx=None,
+    )
+
+
+_FAMILIES: dict[str, tuple[tuple[str, ...], Callable[[nn.Module], Site]]] = {
+    "gpt2": (("transformer.h", "h"), _gpt2),
+    "decision_transformer": (("encoder.h", "h"), _gpt2),
+    "bert": (("bert.encoder.layer", "encoder.layer"), _bert),
+    "roberta": (("roberta.encoder.layer", "encoder.layer"), _bert),
+    "vit": (("vit.layers", "layers", "vit.encoder.layer", "encoder.layer"), _vit),
+}
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_FAMILIES))
+
+
+def _model_type(model: nn.Module) -> str:
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in _FAMILIES:
+        raise ValueError(
+            f"unsupported architecture: model type {model_type!r} ({type(model).__name__}); "
+            f"primaldual.integrations.hf.convert supports {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    return model_type
+
+
+def find_blocks(model: nn.Module) -> tuple[str, nn.ModuleList]:
+    """``(path, blocks)``: the model's list of transformer blocks (e.g. ``"transformer.h"`` for GPT-2)."""
+    model_type = _model_type(model)
+    paths, _ = _FAMILIES[model_type]
+    for path in paths:
+        node: object = model
+        for part in path.split("."):
+            node = getattr(node, part, None)
+        if isinstance(node, nn.ModuleList) and len(node) > 0:
+            return path, node
+    raise ValueError(
+        f"unsupported layout of model type {model_type!r} ({type(model).__name__}): no block list at "
+        f"{' or '.join(paths)}"
+    )
+
+
+def read_site(model: nn.Module, block: nn.Module, index: int) -> Site:
+    """The :class:`Site` of ``block`` (the model's block ``index``); errors name the model type and the layer."""
+    model_type = _model_type(model)
+    try:
+        return _FAMILIES[model_type][1](block)
+    except LayoutError as err:
+        raise ValueError(f"unsupported layout of model type {model_type!r}, layer {index}: {err}") from None

@@ -1,0 +1,137 @@
+"""Where converted causal layers keep their decoding state: in the model's own ``Cache`` object.
+
+Hugging Face generation passes one ``Cache`` (a ``DynamicCache`` for GPT-2) through every forward of a
+``generate()`` call, with one entry per layer, and reorders / selects / resets its entries for beam search,
+contrastive search and batch selection. A converted layer therefore stores its state in its own entry
+(``cache.layers[layer_idx]``), so the state lives exactly as long as the cache and follows every operation on it:
+
+* **primal** replaces its (still empty) entry by a :class:`PrimalCacheLayer` that holds the layer's constant-size
+  :class:`~primaldual.attention.primal.PrimalState` (running sums of queries and keys, and a count) and the
+  number of tokens seen. A new cache (a new ``generate()`` call, or a plain forward) starts a new state.
+* every other mechanism keeps the layer's **inputs** ``(B, 1, T, C)`` in the ordinary ``DynamicLayer`` of its
+  entry and recomputes its causal output over them (exact for every causal mechanism; O(T) work per token for
+  the linear-time ones, O(T^2) for softmax-like ones).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from transformers.cache_utils import Cache, DynamicLayer, EncoderDecoderCache
+
+from ...attention.primal import PrimalState
+
+__all__ = ["PrimalCacheLayer", "primal_cache_layer", "self_attention_cache"]
+
+
+class PrimalCacheLayer(DynamicLayer):
+    """A cache entry holding a causal primal layer's :class:`PrimalState` instead of keys and values.
+
+    It reports the number of tokens seen as its sequence length (so position ids and masks built from the cache
+    are right even when every layer is primal), and implements the per-entry operations generation uses:
+    ``reorder_cache`` (beam search), ``batch_repeat_interleave`` / ``batch_select_indices``, ``reset``,
+    ``offload`` / ``prefetch``. ``crop`` (assisted generation, rolling back tokens) cannot undo a running sum and
+    raises.
+
+    Attributes:
+        state: the layer's state after the tokens seen, or None before the first forward.
+        seen: number of tokens (real and padding) fed through this cache entry.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.state: PrimalState | None = None
+        self.seen = 0
+
+    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
+        raise RuntimeError(
+            "this cache entry belongs to a converted primal layer and holds its PrimalState, not keys and values"
+        )
+
+    def store(self, state: PrimalState, new_tokens: int) -> None:
+        """Record the state after ``new_tokens`` more tokens."""
+        self.state = state
+        self.seen += int(new_tokens)
+        self.is_initialized = True
+        self.device = state.sum_q.device
+
+    def get_seq_length(self) -> int:
+        return self.seen
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.seen + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.state = None
+        self.seen = 0
+        self.is_initialized = False
+
+    def _map(self, fn: Any) -> None:
+        if self.state is not None:
+            self.state = PrimalState(*(fn(t) for t in self.state))
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._map(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: Tensor) -> None:
+        self._map(lambda t: t[indices])
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove:
+            raise NotImplementedError(
+                "a primal layer's decoding state is a running sum and cannot be cropped (assisted generation / "
+                "rolling back tokens is not supported with a converted primal layer)"
+            )
+
+    def offload(self) -> None:
+        self._map(lambda t: t.to("cpu", non_blocking=True))
+
+    def prefetch(self) -> None:
+        if self.state is not None and self.state.sum_q.device != self.device:
+            device = self.device
+            self._map(lambda t: t.to(device, non_blocking=True))
+
+
+def self_attention_cache(past_key_values: Any) -> Cache:
+    """The self-attention part of ``past_key_values`` (an ``EncoderDecoderCache`` holds two caches)."""
+    if isinstance(past_key_values, EncoderDecoderCache):
+        return past_key_values.self_attention_cache
+    if not isinstance(past_key_values, Cache):
+        raise TypeError(
+            f"past_key_values must be a transformers Cache (e.g. DynamicCache), got {type(past_key_values).__name__}"
+        )
+    return past_key_values
+
+
+def primal_cache_layer(cache: Cache, layer_idx: int) -> PrimalCacheLayer:
+    """The :class:`PrimalCacheLayer` at ``layer_idx``, installed in place of a still empty ``DynamicLayer``."""
+    if cache.layer_class_to_replicate is not None:  # lazily grown caches: create the entries up to ours
+        while len(cache.layers) <= layer_idx:
+            cache.layers.append(cache.layer_class_to_replicate())
+    if layer_idx >= len(cache.layers):
+        raise ValueError(f"the cache has {len(cache.layers)} layers; a converted primal layer needs entry {layer_idx}")
+    entry = cache.layers[layer_idx]
+    if isinstance(entry, PrimalCacheLayer):
+        return entry
+    if type(entry) is not DynamicLayer or entry.get_seq_length() > 0:
+        raise TypeError(
+            f"cache entry {layer_idx} is a {type(entry).__name__}"
+            + (" that already holds keys and values" if type(entry) is DynamicLayer else "")
+            + "; a converted primal layer needs a fresh DynamicCache (static, sliding-window, quantized and "
+            "offloaded caches are not supported)"
+        )
+    entry = PrimalCacheLayer()
+    cache.layers[layer_idx] = entry
+    return entry

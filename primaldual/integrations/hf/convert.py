@@ -1,0 +1,163 @@
+"""Swap the self-attention of chosen layers of a Hugging Face model for a primaldual mechanism.
+
+``convert(model, "primal", layers=(-1,), s=20)`` replaces, in place, the self-attention module of each chosen layer
+by an :class:`~primaldual.integrations.hf.modules.HFSelfAttention` wrapping ``build_attention("primal", ...)``,
+with the original query / key / value / output weights copied (primal keeps query, key and output: it has no
+values). The model then trains, evaluates, generates and saves as before; ``collect_aux_loss(model)`` returns the
+primal layers' KSVD term after a forward with gradients.
+
+Saving and loading: ``model.save_pretrained(path)`` writes the converted weights and records the conversion in
+``config.json`` (``primaldual_conversions``). ``AutoModel.from_pretrained(path)`` alone would rebuild the original
+architecture, so load with :func:`from_pretrained`, which builds the model with the recorded conversions applied
+before transformers loads the weights into it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from torch import nn
+
+from ..torch_nn import attention_from_projections, check_causal_capability, resolve_layer_indices
+from .architectures import find_blocks, read_site
+from .modules import HFSelfAttention
+
+__all__ = ["CONVERSIONS_KEY", "convert", "converted_layers", "from_pretrained"]
+
+CONVERSIONS_KEY = "primaldual_conversions"
+
+
+def _check_options(options: dict[str, Any]) -> None:
+    try:
+        json.dumps(options)
+    except TypeError as err:
+        raise TypeError(
+            f"options must be JSON-serialisable (they are recorded in the model's config so that "
+            f"from_pretrained can re-apply the conversion): {err}"
+        ) from None
+
+
+def convert(
+    model: nn.Module,
+    attention: str = "primal",
+    layers: int | Sequence[int] | str = (-1,),
+    **options: Any,
+) -> nn.Module:
+    """Replace the self-attention of ``layers`` of ``model`` by primaldual ``attention`` (in place).
+
+    Args:
+        model: a transformers model of type gpt2, bert, roberta, vit or decision_transformer (any head).
+        attention: a registered mechanism (``primaldual.list_attentions()``).
+        layers: block indices (negative from the end) or ``"all"``.
+        options: mechanism options (``s=``, ``n=``, ``eta=`` for primal, ``window=`` for sparse, ...). By default
+            the logit scale, the attention dropout (where the mechanism has weights to drop) and the output
+            dropout are the original's.
+
+    Returns:
+        ``model``.
+
+    Raises:
+        TypeError: ``model`` is not a transformers ``PreTrainedModel``; an option is not JSON-serialisable.
+        ValueError: an unsupported architecture; a mechanism that cannot be causal in a causal model (or the
+            reverse); a layer converted twice.
+        IndexError: a layer index out of range.
+        KeyError: an unknown mechanism.
+    """
+    from transformers import PreTrainedModel
+
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"model must be a transformers PreTrainedModel, got {type(model).__name__}")
+    _check_options(options)
+    path, blocks = find_blocks(model)
+    chosen = resolve_layer_indices(layers, len(blocks))
+    sites = []
+    for i in chosen:  # validate everything before touching the model
+        current = getattr(blocks[i], "attn", None) or getattr(blocks[i], "attention", None)
+        if isinstance(current, HFSelfAttention):
+            raise ValueError(f"layers: layer {i} ({path}.{i}) is already converted")
+        site = read_site(model, blocks[i], i)
+        check_causal_capability(attention, site.causal, f"layer {i} of this {model.config.model_type} model")
+        sites.append(site)
+    new = []
+    for site in sites:
+        layer = attention_from_projections(
+            attention,
+            num_heads=site.num_heads,
+            q=site.q,
+            k=site.k,
+            v=site.v,
+            out=site.out,
+            causal=site.causal,
+            attn_drop=site.attn_drop,
+            proj_drop=site.proj_drop,
+            scale=site.scale,
+            **options,
+        )
+        layer.train(site.module.training)
+        new.append(
+            HFSelfAttention(
+                layer,
+                arg_names=site.arg_names,
+                layer_idx=site.layer_idx,
+                norm=site.norm,
+                source=type(site.module).__name__,
+            )
+        )
+    for i, site, module in zip(chosen, sites, new):
+        setattr(blocks[i], site.attr, module)
+    record = list(getattr(model.config, CONVERSIONS_KEY, None) or [])
+    record.append({"attention": attention, "layers": chosen, "options": dict(options)})
+    setattr(model.config, CONVERSIONS_KEY, record)
+    return model
+
+
+def converted_layers(model: nn.Module) -> dict[str, HFSelfAttention]:
+    """``{module name: module}`` of every converted attention in ``model``."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, HFSelfAttention)}
+
+
+def _reapply_conversions(model: nn.Module) -> None:
+    """Apply the conversions recorded in ``model.config`` (as :func:`convert` records them) to a fresh model."""
+    conversions = list(getattr(model.config, CONVERSIONS_KEY, None) or [])
+    setattr(model.config, CONVERSIONS_KEY, [])  # convert records each one again
+    for spec in conversions:
+        convert(model, spec["attention"], layers=spec["layers"], **spec["options"])
+
+
+def from_pretrained(model_class: type, path: str | os.PathLike, *args: Any, **kwargs: Any) -> nn.Module:
+    """Load a model saved after :func:`convert`: the recorded conversions are re-applied before the weights load.
+
+    ``model_class.from_pretrained(path)`` alone would build the original architecture, leave the converted layers'
+    weights unused and initialise their original attention randomly. This builds the model through a transient
+    subclass of ``model_class`` whose constructor re-applies the conversions recorded in
+    ``config.primaldual_conversions``, so transformers' own loading (key renaming, sharding, ``dtype``,
+    ``device_map``, hub downloads) fills every weight, the converted ones included, and reports nothing missing.
+    The returned model's class is ``model_class`` again.
+
+    Args:
+        model_class: the concrete model class (``GPT2LMHeadModel``, ``BertForSequenceClassification``, ...); an
+            ``AutoModel...`` class is resolved from the saved config.
+        path: what ``model_class.from_pretrained`` accepts (a ``save_pretrained`` directory, a hub id).
+        args, kwargs: passed to ``from_pretrained``.
+    """
+    from transformers import AutoConfig, PreTrainedModel
+
+    if not (isinstance(model_class, type) and issubclass(model_class, PreTrainedModel)):
+        mapping = getattr(model_class, "_model_mapping", None)  # AutoModel* classes
+        if mapping is None:
+            raise TypeError(f"model_class must be a transformers model class, got {model_class!r}")
+        config = kwargs.get("config") or AutoConfig.from_pretrained(path)
+        model_class = mapping[type(config)]
+
+    def __init__(self: nn.Module, config: Any, *a: Any, **kw: Any) -> None:
+        model_class.__init__(self, config, *a, **kw)
+        _reapply_conversions(self)
+
+    names = {"__init__": __init__, "__module__": model_class.__module__, "__qualname__": model_class.__qualname__}
+    loader = type(model_class.__name__, (model_class,), names)
+    model = loader.from_pretrained(path, *args, **kwargs)
+    model.__class__ = model_class
+    return model

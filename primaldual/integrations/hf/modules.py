@@ -1,0 +1,146 @@
+"""The module :func:`~primaldual.integrations.hf.convert` puts in place of a Hugging Face self-attention.
+
+:class:`HFSelfAttention` wraps a primaldual layer (``(B, N, C) -> (B, N, C)``, query / key / value / output weights
+copied from the original) and accepts the forward signature of the module it replaced: its positional parameter
+names are recorded at conversion, so ``GPT2Attention(hidden_states, past_key_values, attention_mask, ...)``,
+``BertAttention(hidden_states, attention_mask, encoder_hidden_states, ...)`` and ``ViTAttention(hidden_states,
+attention_mask)`` calls all bind the same way. It returns ``(hidden_states, attention_weights or None)``, as those
+modules do in transformers 5.
+
+* **Masks**: the model's mask, in whatever form its attention implementation produces, is converted by
+  :func:`~primaldual.integrations.hf.masks.key_mask_from_hf` (True = real token) and checked to hold nothing but
+  padding and causality.
+* **Cache** (causal layers): see :mod:`primaldual.integrations.hf.cache`. A primal layer decodes with
+  :meth:`~primaldual.attention.primal.PrimalAttention.step` from the state in its cache entry; other mechanisms
+  recompute over the cached layer inputs.
+* **Post-norm models** (BERT, RoBERTa): the replaced module included the residual ``LayerNorm`` of its output
+  block; it is kept as ``norm`` and applied as ``norm(attention(x) + x)``.
+* **Attention weights** (``output_attentions``): returned for full forwards; None for cached decoding steps of a
+  primal layer (its state keeps no keys).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ...attention.base import AttentionLayer
+from ...attention.primal import PrimalAttention, PrimalState
+from .cache import primal_cache_layer, self_attention_cache
+from .masks import attentions_requested, key_mask_from_hf, record_attentions
+
+__all__ = ["HFSelfAttention", "primal_prefill_state"]
+
+
+def primal_prefill_state(layer: PrimalAttention, x: Tensor, mask: Tensor | None) -> PrimalState:
+    """The decoding state after the tokens ``x`` ``(B, N, C)`` (:meth:`PrimalAttention.prefill_state`)."""
+    return layer.prefill_state(x, mask)
+
+
+class HFSelfAttention(nn.Module):
+    """A primaldual attention in the place, and with the call signature, of a Hugging Face self-attention module.
+
+    Args:
+        layer: the primaldual attention (weights already copied).
+        arg_names: the replaced module's forward parameters after ``hidden_states``, in order (how positional
+            arguments are bound).
+        layer_idx: the layer's index in the model's cache (causal models).
+        norm: the residual ``LayerNorm`` of a post-norm output block (BERT), or None.
+        source: the replaced module's class name (for ``repr`` and errors).
+    """
+
+    def __init__(
+        self,
+        layer: AttentionLayer,
+        *,
+        arg_names: tuple[str, ...],
+        layer_idx: int | None,
+        norm: nn.Module | None = None,
+        source: str = "",
+    ) -> None:
+        super().__init__()
+        self.attn = layer
+        self.norm = norm
+        self.arg_names = tuple(arg_names)
+        self.layer_idx = layer_idx
+        self.source = source
+        self.is_causal = bool(layer.causal)
+
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        if len(args) > len(self.arg_names):
+            raise TypeError(
+                f"{self.source or 'attention'} takes at most {len(self.arg_names) + 1} positional arguments"
+            )
+        bound = dict(zip(self.arg_names, args))
+        for key in bound:
+            if key in kwargs:
+                raise TypeError(f"{self.source or 'attention'} got multiple values for argument {key!r}")
+        bound.update(kwargs)
+        return bound
+
+    def forward(self, hidden_states: Tensor, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor | None]:
+        """Args as the replaced module's forward; ``hidden_states`` ``(B, N, C)``.
+
+        Returns:
+            ``(out (B, N, C), weights (B, H, N, N) or None)``.
+        """
+        bound = self._bind(args, kwargs)
+        if bound.get("encoder_hidden_states") is not None:
+            raise ValueError(
+                f"{self.source or 'this module'} was converted as self-attention; cross-attention "
+                "(encoder_hidden_states) is not supported"
+            )
+        mask = bound.get("attention_mask")
+        cache = bound.get("past_key_values")
+        need_weights = attentions_requested(bound) and type(self.attn).capabilities.weights
+        x = hidden_states
+        B, N, _ = x.shape
+        if cache is not None and self.is_causal:
+            out, weights = self._cached(x, mask, self_attention_cache(cache), need_weights)
+        else:
+            if cache is not None and self_attention_cache(cache).get_seq_length(self.layer_idx or 0) > 0:
+                raise ValueError("a bidirectional converted layer cannot continue from a filled cache")
+            key_mask = key_mask_from_hf(mask, batch=B, q_len=N, kv_len=N, causal=self.is_causal)
+            out, weights = self._run(x, key_mask, need_weights)
+        if self.norm is not None:
+            out = self.norm(out + hidden_states)
+        record_attentions(weights)
+        return out, weights
+
+    def _run(self, x: Tensor, key_mask: Tensor | None, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        if need_weights:
+            return self.attn(x, key_mask, need_weights=True)
+        return self.attn(x, key_mask), None
+
+    def _cached(self, x: Tensor, mask: Any, cache: Any, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """Causal forward that continues the sequence held in ``cache`` and extends it by ``x`` ``(B, N, C)``."""
+        if self.layer_idx is None:
+            raise ValueError("a converted causal layer needs its layer_idx to use a cache")
+        B, N, _ = x.shape
+        if isinstance(self.attn, PrimalAttention):
+            entry = primal_cache_layer(cache, self.layer_idx)
+            T = entry.seen + N
+            key_mask = key_mask_from_hf(mask, batch=B, q_len=N, kv_len=T, causal=True)
+            new_mask = None if key_mask is None else key_mask[:, -N:]  # (B, N)
+            if entry.state is None:  # prefill: the full causal forward (records the KSVD term when training)
+                out, weights = self._run(x, new_mask, need_weights)
+                entry.store(primal_prefill_state(self.attn, x, new_mask), N)
+                return out, weights
+            state, ys = entry.state, []
+            for t in range(N):  # decoding: constant-size state, one token at a time
+                y_t, state = self.attn.step(x[:, t], state, None if new_mask is None else new_mask[:, t])
+                ys.append(y_t)
+            entry.store(state, N)
+            return torch.stack(ys, 1), None  # (B, N, C)
+        empty = x.new_zeros(B, 1, N, 0)  # (B, 1, N, 0): the values slot stays empty
+        xs, _ = cache.update(x[:, None], empty, self.layer_idx)  # (B, 1, T, C): every input so far
+        x_all = xs[:, 0]  # (B, T, C)
+        T = x_all.shape[1]
+        key_mask = key_mask_from_hf(mask, batch=B, q_len=N, kv_len=T, causal=True)
+        out, weights = self._run(x_all, key_mask, need_weights)
+        return out[:, T - N :], None if weights is None else weights[:, :, T - N :]
+
+    def extra_repr(self) -> str:
+        return f"source={self.source!r}, layer_idx={self.layer_idx}"

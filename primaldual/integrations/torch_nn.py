@@ -1,0 +1,552 @@
+"""primaldual attentions inside ``torch.nn.Transformer*`` layers, and the mask / weight conversions all integrations share.
+
+* :class:`MultiheadSelfAttention` stands in for ``nn.MultiheadAttention`` as the ``self_attn`` of
+  ``nn.TransformerEncoderLayer`` / ``nn.TransformerDecoderLayer``: same call
+  ``(query, key, value, key_padding_mask=, need_weights=, attn_mask=, average_attn_weights=, is_causal=)``, same
+  ``(out, weights)`` return, same ``batch_first`` layouts.
+* :func:`convert_transformer_encoder` / :func:`convert_transformer_decoder` swap the self-attention of chosen layers
+  of an existing model, copying its query / key / value / output weights.
+* :func:`key_mask_from_padding_mask` and :func:`key_mask_from_attention_mask` turn the other libraries' mask
+  conventions into primaldual's ``(B, N)`` bool mask (**True = real token**); :func:`attention_from_projections`
+  builds a registered attention from a model's projection weights. :mod:`primaldual.integrations.hf` and
+  :mod:`primaldual.integrations.timm` use them too.
+
+Mask conventions, converted explicitly (never guessed):
+
+=============================================  ===================================================================
+``nn.MultiheadAttention`` ``key_padding_mask``  ``(B, N)``; bool **True = padding**, or float ``0`` keep / ``-inf`` pad
+``nn.MultiheadAttention`` ``attn_mask``         ``(N, N)``; bool **True = not allowed**, or float additive
+SDPA / timm / Hugging Face 4-D masks            broadcastable to ``(B, H, Nq, Nk)``; bool **True = may attend**, or
+                                                float additive (``0`` attend, ``-inf`` / ``finfo.min`` masked)
+=============================================  ===================================================================
+
+A primaldual layer honours exactly two things: which keys are real (padding) and whether it is causal. A mask that
+says anything else (a sliding window, packed sequences, a soft bias) is refused with an error rather than
+approximated.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..attention.base import AttentionLayer, QKVAttention
+from ..attention.primal import PrimalAttention
+from ..attention.registry import attention_class, attention_options, build_attention, list_attentions
+
+__all__ = [
+    "MultiheadSelfAttention",
+    "accepts_attention_dropout",
+    "attention_from_projections",
+    "check_causal_capability",
+    "convert_transformer_decoder",
+    "convert_transformer_encoder",
+    "key_mask_from_attention_mask",
+    "key_mask_from_padding_mask",
+    "resolve_layer_indices",
+]
+
+_RESERVED_OPTIONS = ("causal", "qkv_bias", "head_dim", "device", "dtype")
+
+
+# --------------------------------------------------------------------------------------------------
+# masks
+def _allowed_from_dense(mask: Tensor, name: str, *, true_means: str) -> Tensor:
+    """A dense bool / additive-float mask as a bool tensor, True = may attend.
+
+    Args:
+        true_means: what True means in a bool ``mask``: ``"attend"`` (SDPA, Hugging Face, timm) or ``"masked"``
+            (``nn.MultiheadAttention``'s ``attn_mask`` and ``key_padding_mask``).
+    """
+    if mask.dtype == torch.bool:
+        return mask if true_means == "attend" else ~mask
+    if not mask.is_floating_point():
+        raise TypeError(
+            f"{name} must be a bool or an additive float mask, got dtype {mask.dtype}; integer 0/1 masks are "
+            "ambiguous here: convert them explicitly (e.g. mask.bool())"
+        )
+    attend = mask == 0
+    masked = mask <= torch.finfo(mask.dtype).min / 2  # -inf and finfo.min alike
+    if not bool((attend | masked).all()):
+        raise ValueError(
+            f"{name} is an additive float mask with values other than 0 (attend) and -inf / finfo.min (masked); "
+            "primaldual layers honour hard masks only, not soft attention biases"
+        )
+    return attend
+
+
+def key_mask_from_padding_mask(
+    key_padding_mask: Tensor | None, batch: int, length: int, name: str = "key_padding_mask"
+) -> Tensor | None:
+    """``nn.MultiheadAttention``'s ``key_padding_mask`` (True / ``-inf`` = **padding**) as primaldual's mask.
+
+    Args:
+        key_padding_mask: ``(B, N)`` bool (True = padding) or additive float (``0`` keep, ``-inf`` padding), or None.
+        batch, length: the expected ``B`` and ``N``.
+
+    Returns:
+        ``(B, N)`` bool, **True = real token**, or None when there is no padding.
+    """
+    if key_padding_mask is None:
+        return None
+    if not isinstance(key_padding_mask, Tensor) or tuple(key_padding_mask.shape) != (batch, length):
+        shape = tuple(key_padding_mask.shape) if isinstance(key_padding_mask, Tensor) else type(key_padding_mask)
+        raise ValueError(f"{name} must be a tensor of shape (B, N) = ({batch}, {length}), got {shape}")
+    real = _allowed_from_dense(key_padding_mask, name, true_means="masked")
+    return None if bool(real.all()) else real
+
+
+def _causal_pattern(q_len: int, kv_len: int, device: torch.device) -> Tensor:
+    """``(Nq, Nk)`` bool, True where query i may see key j: ``j <= i + (Nk - Nq)`` (ends aligned)."""
+    return torch.ones(q_len, kv_len, dtype=torch.bool, device=device).tril(kv_len - q_len)
+
+
+def key_mask_from_attention_mask(
+    mask: Tensor | None,
+    *,
+    batch: int,
+    q_len: int,
+    kv_len: int,
+    causal: bool,
+    name: str = "attention_mask",
+    true_means: str = "attend",
+) -> Tensor | None:
+    """A dense attention mask as primaldual's key mask, after checking it says nothing but padding and causality.
+
+    Args:
+        mask: bool or additive float, broadcastable to ``(B, H, Nq, Nk)``: ``(Nq, Nk)``, ``(B, Nq, Nk)`` or
+            ``(B, H|1, Nq|1, Nk)``; None.
+        batch, q_len, kv_len: ``B``, ``Nq``, ``Nk`` of the call (``Nq < Nk`` while decoding with a cache).
+        causal: whether the layer that will receive the key mask is causal. A mask with a query axis must then
+            be exactly ``padding & causal`` (ends aligned), otherwise exactly ``padding``.
+        true_means: what True means in a bool mask: ``"attend"`` (SDPA, Hugging Face, timm) or ``"masked"``
+            (``nn.MultiheadAttention``).
+
+    Returns:
+        ``(B, Nk)`` bool, **True = real key**, or None when every key is real.
+
+    Raises:
+        ValueError: the mask has another shape, soft values, or structure beyond padding and causality (a
+            sliding window, packed sequences, a causal mask for a bidirectional layer, ...).
+    """
+    if mask is None:
+        return None
+    if not isinstance(mask, Tensor):
+        raise TypeError(
+            f"{name} must be a tensor (or None), got {type(mask).__name__}; block masks (flex attention) are not "
+            "supported: use the 'sdpa' or 'eager' attention implementation"
+        )
+    allowed = _allowed_from_dense(mask, name, true_means=true_means)
+    if allowed.dim() == 2:
+        allowed = allowed[None, None]  # (Nq, Nk) -> (1, 1, Nq, Nk)
+    elif allowed.dim() == 3:
+        allowed = allowed[:, None]  # (B, Nq, Nk) -> (B, 1, Nq, Nk)
+    if (
+        allowed.dim() != 4
+        or allowed.shape[0] not in (1, batch)
+        or allowed.shape[2] not in (1, q_len)
+        or allowed.shape[3] != kv_len
+    ):
+        raise ValueError(
+            f"{name} must be broadcastable to (B, H, Nq, Nk) = ({batch}, H, {q_len}, {kv_len}), "
+            f"got shape {tuple(mask.shape)}"
+        )
+    keys = allowed.any(2).any(1)  # (B|1, Nk): a key is real iff some query may attend it
+    padding = keys[:, None, None, :]  # (B|1, 1, 1, Nk)
+    # a broadcast key mask (no query axis) says padding only; causality then comes from the layer
+    has_queries = allowed.shape[2] > 1
+    causal_padding = padding & _causal_pattern(q_len, kv_len, mask.device) if has_queries else padding
+    expected = causal_padding if causal else padding  # (B|1, 1, Nq|1, Nk)
+    if not bool((allowed == expected).all()):
+        if not causal and has_queries and bool((allowed == causal_padding).all()):
+            raise ValueError(f"{name} is causal, but the primaldual layer receiving it was built non-causal")
+        kind = "padding and causality" if causal else "padding"
+        raise ValueError(
+            f"{name} carries structure other than {kind} (e.g. a sliding window, packed sequences or a custom "
+            "mask); a primaldual layer honours only which keys are real and whether it is causal"
+        )
+    keys = keys.expand(batch, kv_len)
+    return None if bool(keys.all()) else keys
+
+
+# --------------------------------------------------------------------------------------------------
+# building a registered attention from a model's projections
+@functools.cache
+def accepts_attention_dropout(name: str) -> bool:
+    """Whether mechanism ``name`` takes a non-zero ``attn_drop`` (those without a weight matrix refuse it)."""
+    try:
+        build_attention(name, 4, 1, attn_drop=0.5, device="meta")
+    except ValueError:
+        return False
+    return True
+
+
+def check_causal_capability(name: str, causal: bool, where: str) -> None:
+    """Raise one clear error when ``name`` cannot run in the mode (``causal`` or not) that ``where`` needs."""
+    caps = attention_class(name).capabilities
+    if causal and not caps.causal:
+        raise ValueError(
+            f"attention {name!r} cannot be causal, but {where} is causal (each position may see only earlier "
+            f"ones); choose a mechanism with causal support: {', '.join(_names_with(causal=True))}"
+        )
+    if not causal and not caps.non_causal:
+        raise ValueError(f"attention {name!r} is causal-only, but {where} is bidirectional")
+
+
+def _names_with(*, causal: bool) -> list[str]:
+    return [i.name for i in list_attentions() if (i.capabilities.causal if causal else i.capabilities.non_causal)]
+
+
+def resolve_layer_indices(layers: int | Sequence[int] | str, count: int, name: str = "layers") -> list[int]:
+    """``layers`` (an int, a sequence of ints, negative from the end, or ``"all"``) as sorted indices ``0..count-1``.
+
+    Raises:
+        IndexError: an index outside ``[-count, count)``.
+        ValueError: duplicates (``-1`` and ``count - 1`` name the same layer) or an empty selection.
+    """
+    if isinstance(layers, str):
+        if layers != "all":
+            raise ValueError(f"{name} must be an int, a sequence of ints or 'all', got {layers!r}")
+        return list(range(count))
+    items = [layers] if isinstance(layers, int) else list(layers)
+    out = []
+    for i in items:
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise TypeError(f"{name} must contain ints, got {i!r} ({type(i).__name__})")
+        if not -count <= i < count:
+            raise IndexError(
+                f"{name}: layer index {i} is out of range for a model with {count} layers "
+                f"(valid: {-count} ... {count - 1})"
+            )
+        out.append(i % count)
+    if not out:
+        raise ValueError(f"{name} selects no layer")
+    if len(set(out)) != len(out):
+        raise ValueError(f"{name} names a layer twice: {items} -> {out}")
+    return sorted(out)
+
+
+def attention_from_projections(
+    name: str,
+    *,
+    num_heads: int,
+    q: tuple[Tensor, Tensor | None],
+    k: tuple[Tensor, Tensor | None],
+    v: tuple[Tensor, Tensor | None],
+    out: tuple[Tensor, Tensor | None],
+    causal: bool,
+    attn_drop: float = 0.0,
+    proj_drop: float = 0.0,
+    scale: float | None = None,
+    **options: Any,
+) -> AttentionLayer:
+    """Build attention ``name`` and copy a model's projections into it.
+
+    Args:
+        q, k, v: ``(weight (inner, C), bias (inner,) or None)`` in ``nn.Linear`` layout.
+        out: ``(weight (C, inner), bias (C,) or None)``; a missing bias becomes zeros.
+        causal: the layer's mode. attn_drop: attention dropout (dropped for mechanisms that have no weight
+            matrix, see :func:`accepts_attention_dropout`). proj_drop: dropout after the output projection.
+        scale: the model's logit scale, passed to mechanisms with a ``scale`` option unless ``options`` sets it.
+        options: mechanism options (e.g. ``s=20`` for primal, ``window=64`` for sparse).
+
+    Returns:
+        The layer on the weights' device and dtype. Primal keeps query, key and output (it has no values).
+    """
+    for key in _RESERVED_OPTIONS:
+        if key in options:
+            raise TypeError(f"option {key!r} is set from the model being converted; do not pass it")
+    q_w, q_b = q
+    out_w, out_b = out
+    dim, inner = out_w.shape[0], q_w.shape[0]
+    if inner % num_heads:
+        raise ValueError(f"the query projection's {inner} outputs do not split into {num_heads} heads")
+    kw: dict[str, Any] = dict(options)
+    valid = attention_options(name)
+    if scale is not None and "scale" in valid:
+        kw.setdefault("scale", float(scale))
+    if "attn_drop" not in kw:
+        kw["attn_drop"] = float(attn_drop) if accepts_attention_dropout(name) else 0.0
+    kw.setdefault("proj_drop", float(proj_drop))
+    layer = build_attention(
+        name,
+        dim,
+        num_heads,
+        head_dim=inner // num_heads if inner != dim else None,
+        qkv_bias=q_b is not None,
+        causal=causal,
+        device=q_w.device,
+        dtype=q_w.dtype,
+        **kw,
+    )
+    with torch.no_grad():
+        if isinstance(layer, QKVAttention):
+            parts = (q, k, v)
+            in_proj = layer.qkv
+        elif isinstance(layer, PrimalAttention):
+            parts = (q, k)
+            in_proj = layer.qk
+        else:
+            raise TypeError(
+                f"attention {name!r} ({type(layer).__name__}) has neither a fused qkv nor a qk projection; "
+                "its weights cannot be copied from a model"
+            )
+        in_proj.weight.copy_(torch.cat([w for w, _ in parts]))  # (n_parts * inner, C)
+        if in_proj.bias is not None:
+            in_proj.bias.copy_(torch.cat([b for _, b in parts]))
+        layer.proj.weight.copy_(out_w)
+        if out_b is None:
+            layer.proj.bias.zero_()
+        else:
+            layer.proj.bias.copy_(out_b)
+    return layer
+
+
+# --------------------------------------------------------------------------------------------------
+# the nn.MultiheadAttention stand-in
+class MultiheadSelfAttention(nn.Module):
+    """A primaldual attention with ``nn.MultiheadAttention``'s call signature, for self-attention.
+
+    Use it as the ``self_attn`` of ``nn.TransformerEncoderLayer`` / ``nn.TransformerDecoderLayer`` (the decoder's
+    cross-attention stays an ``nn.MultiheadAttention``), or build it from an existing one with :meth:`from_torch`.
+
+    Args:
+        embed_dim: model width C. num_heads: heads H.
+        attention: registered mechanism name (``primaldual.list_attentions()``).
+        dropout: attention-weight dropout (``nn.MultiheadAttention``'s ``dropout``); mechanisms without a weight
+            matrix (primal, linear) ignore it.
+        bias: biases in the input projections.
+        batch_first: ``(B, N, C)`` inputs when True, ``(N, B, C)`` when False (``nn.MultiheadAttention``'s
+            default, kept so that the stand-in is a drop-in).
+        causal: the layer's mode, fixed at construction (primal's parameters depend on it). A call must agree:
+            a causal layer needs ``is_causal=True`` or a causal ``attn_mask``; a non-causal one neither.
+        device, dtype: factory arguments. options: mechanism options (``s=``, ``window=``, ...).
+        layer: an already built primaldual attention to wrap instead (what :meth:`from_torch` passes).
+
+    Attributes read by ``nn.TransformerEncoderLayer``: ``batch_first``, ``num_heads``, ``_qkv_same_embed_dim``
+    (True) and ``in_proj_bias`` (None, which turns the fused fast path off; ``in_proj_weight`` is None too).
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        attention: str = "softmax",
+        *,
+        dropout: float = 0.0,
+        bias: bool = True,
+        batch_first: bool = False,
+        causal: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        layer: AttentionLayer | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__()
+        check_causal_capability(attention, causal, "this layer")
+        if layer is None:
+            if "attn_drop" not in options:
+                options["attn_drop"] = float(dropout) if accepts_attention_dropout(attention) else 0.0
+            layer = build_attention(
+                attention, embed_dim, num_heads, qkv_bias=bias, causal=causal, device=device, dtype=dtype, **options
+            )
+        elif (layer.dim, layer.num_heads, layer.causal) != (embed_dim, num_heads, causal):
+            raise ValueError(
+                f"layer has dim={layer.dim}, num_heads={layer.num_heads}, causal={layer.causal}; expected "
+                f"{embed_dim}, {num_heads}, {causal}"
+            )
+        self.attn = layer
+        self.attention = attention
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.head_dim = layer.head_dim
+        self.batch_first = bool(batch_first)
+        self.causal = bool(causal)
+        self._qkv_same_embed_dim = True
+        self.in_proj_weight = None
+        self.in_proj_bias = None
+
+    @classmethod
+    def from_torch(
+        cls, mha: nn.MultiheadAttention, attention: str = "softmax", *, causal: bool = False, **options: Any
+    ) -> MultiheadSelfAttention:
+        """A stand-in for ``mha`` with its weights copied (primal: query, key and output; it has no values)."""
+        if not isinstance(mha, nn.MultiheadAttention):
+            raise TypeError(f"expected an nn.MultiheadAttention, got {type(mha).__name__}")
+        if not mha._qkv_same_embed_dim:
+            raise ValueError("nn.MultiheadAttention with kdim / vdim different from embed_dim is not self-attention")
+        if mha.bias_k is not None or mha.add_zero_attn:
+            raise ValueError("nn.MultiheadAttention with add_bias_kv or add_zero_attn has no primaldual equivalent")
+        check_causal_capability(attention, causal, "this layer")
+        C = mha.embed_dim
+        w, b = mha.in_proj_weight, mha.in_proj_bias  # (3C, C), (3C,) or None
+        layer = attention_from_projections(
+            attention,
+            num_heads=mha.num_heads,
+            q=(w[:C], None if b is None else b[:C]),
+            k=(w[C : 2 * C], None if b is None else b[C : 2 * C]),
+            v=(w[2 * C :], None if b is None else b[2 * C :]),
+            out=(mha.out_proj.weight, mha.out_proj.bias),
+            causal=causal,
+            attn_drop=mha.dropout,
+            **options,
+        )
+        return cls(C, mha.num_heads, attention, batch_first=mha.batch_first, causal=causal, layer=layer)
+
+    def _call_is_causal(self, attn_mask: Tensor | None, is_causal: bool, length: int) -> bool:
+        """Whether the call asks for causal attention; ``attn_mask`` must be None, all-allowed or causal."""
+        if attn_mask is None:
+            return bool(is_causal)
+        if attn_mask.dim() != 2 or tuple(attn_mask.shape) != (length, length):
+            raise ValueError(
+                f"attn_mask must be None or a ({length}, {length}) causal mask for a primaldual self-attention, "
+                f"got shape {tuple(attn_mask.shape)}; per-head (B*H, N, N) masks are not supported"
+            )
+        allowed = _allowed_from_dense(attn_mask, "attn_mask", true_means="masked")
+        if bool(allowed.all()):
+            return bool(is_causal)
+        if bool((allowed == _causal_pattern(length, length, allowed.device)).all()):
+            return True
+        raise ValueError(
+            "attn_mask must be None or causal (e.g. nn.Transformer.generate_square_subsequent_mask); other "
+            "patterns cannot be expressed by a primaldual layer"
+        )
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        key_padding_mask: Tensor | None = None,
+        need_weights: bool = True,
+        attn_mask: Tensor | None = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """``nn.MultiheadAttention.forward`` for self-attention (``key`` and ``value`` must be ``query``).
+
+        Args:
+            query: ``(B, N, C)`` if ``batch_first`` else ``(N, B, C)``; or unbatched ``(N, C)``.
+            key_padding_mask: ``(B, N)``, **True / -inf = padding** (``nn.MultiheadAttention``'s convention),
+                converted to primaldual's True = real.
+            need_weights: also return the weights, ``(B, N, N)`` averaged over heads or ``(B, H, N, N)``
+                (None for a mechanism that cannot return weights).
+            attn_mask: None or a causal ``(N, N)`` mask (bool True = not allowed, or additive float).
+            is_causal: causal hint, as in PyTorch.
+
+        Returns:
+            ``(out, weights or None)`` with ``out`` in the input's layout. Unlike ``nn.MultiheadAttention``,
+            outputs at padded positions are exactly zero.
+        """
+        if key is not query or value is not query:
+            raise ValueError(
+                "MultiheadSelfAttention is self-attention: key and value must be the query tensor itself "
+                "(keep nn.MultiheadAttention for cross-attention)"
+            )
+        unbatched = query.dim() == 2
+        x = query[None] if unbatched else (query if self.batch_first else query.transpose(0, 1))  # (B, N, C)
+        if x.dim() != 3 or x.shape[-1] != self.embed_dim:
+            raise ValueError(
+                f"query must be (B, N, {self.embed_dim}) / (N, B, {self.embed_dim}), got {tuple(query.shape)}"
+            )
+        B, N, _ = x.shape
+        if unbatched and key_padding_mask is not None:
+            key_padding_mask = key_padding_mask[None]  # (N,) -> (1, N)
+        mask = key_mask_from_padding_mask(key_padding_mask, B, N)
+        causal = self._call_is_causal(attn_mask, is_causal, N)
+        if causal != self.causal:
+            raise ValueError(
+                f"this MultiheadSelfAttention was built with causal={self.causal}, but the call asks for "
+                f"{'causal' if causal else 'bidirectional'} attention (attn_mask / is_causal); build it with "
+                f"causal={causal}"
+            )
+        want = need_weights and type(self.attn).capabilities.weights
+        if want:
+            out, weights = self.attn(x, mask, need_weights=True)
+            if weights is not None and average_attn_weights:
+                weights = weights.mean(1)  # (B, H, N, N) -> (B, N, N)
+        else:
+            out, weights = self.attn(x, mask), None
+        if unbatched:
+            out = out[0]  # (1, N, C) -> (N, C)
+            weights = None if weights is None else weights[0]
+        elif not self.batch_first:
+            out = out.transpose(0, 1)  # (B, N, C) -> (N, B, C)
+        return out, weights
+
+    def extra_repr(self) -> str:
+        return f"attention={self.attention!r}, batch_first={self.batch_first}, causal={self.causal}"
+
+
+def _transformer_layers(module: nn.Module, kinds: tuple[type, ...], stack: type, what: str) -> nn.ModuleList | list:
+    if isinstance(module, stack):
+        return module.layers
+    if isinstance(module, kinds):
+        return [module]
+    raise TypeError(f"expected an nn.{stack.__name__} or one of its layers, got {type(module).__name__} ({what})")
+
+
+def _convert_self_attention(
+    layers: Sequence[nn.Module], attention: str, indices: int | Sequence[int] | str, causal: bool, options: dict
+) -> list[int]:
+    chosen = resolve_layer_indices(indices, len(layers))
+    check_causal_capability(attention, causal, "the converted layers" if causal else "this encoder")
+    for i in chosen:
+        if isinstance(layers[i].self_attn, MultiheadSelfAttention):
+            raise ValueError(f"layers: layer {i} is already converted ({layers[i].self_attn.attention!r})")
+    new = [MultiheadSelfAttention.from_torch(layers[i].self_attn, attention, causal=causal, **options) for i in chosen]
+    for i, stand_in in zip(chosen, new):
+        layers[i].self_attn = stand_in
+    return chosen
+
+
+def convert_transformer_encoder(
+    encoder: nn.TransformerEncoder | nn.TransformerEncoderLayer,
+    attention: str = "softmax",
+    layers: int | Sequence[int] | str = (-1,),
+    *,
+    causal: bool = False,
+    **options: Any,
+) -> nn.Module:
+    """Replace the self-attention of the chosen layers by :class:`MultiheadSelfAttention` (in place).
+
+    Args:
+        encoder: an ``nn.TransformerEncoder`` (or a single ``nn.TransformerEncoderLayer``).
+        attention: registered mechanism name. layers: indices (negative from the end) or ``"all"``.
+        causal: build causal layers (then call the encoder with ``is_causal=True`` / a causal mask).
+        options: mechanism options.
+
+    Returns:
+        ``encoder`` (converted in place). Its nested-tensor fast path is turned off (it would bypass the stand-ins).
+
+    Raises:
+        IndexError: a layer index out of range. ValueError: a mechanism that cannot run in the requested mode,
+        or a layer converted twice.
+    """
+    mods = _transformer_layers(encoder, (nn.TransformerEncoderLayer,), nn.TransformerEncoder, "encoder")
+    _convert_self_attention(mods, attention, layers, causal, options)
+    if isinstance(encoder, nn.TransformerEncoder):
+        encoder.use_nested_tensor = False
+    return encoder
+
+
+def convert_transformer_decoder(
+    decoder: nn.TransformerDecoder | nn.TransformerDecoderLayer,
+    attention: str = "softmax",
+    layers: int | Sequence[int] | str = (-1,),
+    *,
+    causal: bool = True,
+    **options: Any,
+) -> nn.Module:
+    """As :func:`convert_transformer_encoder`, for the self-attention of ``nn.TransformerDecoder`` layers.
+
+    The cross-attention (``multihead_attn``) is left as it is. ``causal`` defaults to True (call the decoder with
+    ``tgt_is_causal=True`` or a causal ``tgt_mask``).
+    """
+    mods = _transformer_layers(decoder, (nn.TransformerDecoderLayer,), nn.TransformerDecoder, "decoder")
+    _convert_self_attention(mods, attention, layers, causal, options)
+    return decoder

@@ -1,0 +1,56 @@
+"""Tiny randomly initialised Hugging Face models (no downloads) for the integration tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def tiny(name: str, **overrides):
+    """A tiny, randomly initialised, eval-mode model: ``gpt2``, ``bert``, ``roberta``, ``vit`` or ``dt``."""
+    tr = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    if name == "gpt2":
+        kw = dict(n_layer=2, n_embd=32, n_head=2, vocab_size=50, n_positions=64, bos_token_id=0, eos_token_id=0)
+        cfg = tr.GPT2Config(**{**kw, "pad_token_id": 0, **overrides})
+        return tr.GPT2LMHeadModel(cfg).eval()
+    if name in ("bert", "roberta"):
+        cls_cfg, cls = (tr.BertConfig, tr.BertModel) if name == "bert" else (tr.RobertaConfig, tr.RobertaModel)
+        kw = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64, vocab_size=50)
+        cfg = cls_cfg(**{**kw, "max_position_embeddings": 64, "pad_token_id": 1, **overrides})
+        return cls(cfg).eval()
+    if name == "vit":
+        kw = dict(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2)
+        cfg = tr.ViTConfig(**{**kw, "num_attention_heads": 2, "intermediate_size": 64, **overrides})
+        return tr.ViTModel(cfg).eval()
+    if name == "dt":
+        kw = dict(state_dim=3, act_dim=2, hidden_size=32, n_layer=2, n_head=2, max_ep_len=20, n_positions=64)
+        cfg = tr.DecisionTransformerConfig(**{**kw, **overrides})
+        return tr.DecisionTransformerModel(cfg).eval()
+    raise ValueError(name)
+
+
+def token_batch(batch: int = 2, length: int = 9, pad_from: int | None = 6, vocab: int = 50):
+    """``(input_ids, attention_mask)``: row 1 right-padded from ``pad_from`` (HF convention: 1 = keep)."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(2, vocab, (batch, length), generator=g)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    if pad_from is not None:
+        mask[1, pad_from:] = 0
+        ids[1, pad_from:] = 1
+    return ids, mask
+
+
+def dt_inputs(batch: int = 2, steps: int = 5, pad_from: int | None = 3) -> dict:
+    g = torch.Generator().manual_seed(2)
+    mask = torch.ones(batch, steps, dtype=torch.long)
+    if pad_from is not None:
+        mask[1, pad_from:] = 0
+    return {
+        "states": torch.randn(batch, steps, 3, generator=g),
+        "actions": torch.randn(batch, steps, 2, generator=g),
+        "rewards": torch.randn(batch, steps, 1, generator=g),
+        "returns_to_go": torch.randn(batch, steps, 1, generator=g),
+        "timesteps": torch.arange(steps)[None].repeat(batch, 1),
+        "attention_mask": mask,
+    }
