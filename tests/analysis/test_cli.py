@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
@@ -30,7 +29,11 @@ def test_analyze_a_trained_uea_run(tmp_path, attention):
     assert attention[1] in out.stdout and "redundancy" in out.stdout
 
 
-def test_analyze_compares_runs_and_reports_errors(tmp_path):
+def test_analyze_compares_runs_and_reports_errors(tmp_path, capsys):
+    """Two trained runs compared (in-process through ``primaldual.cli.main``, which is what the console script
+    calls); each bad input ends with one stderr line and exit code 2."""
+    from primaldual.cli import main
+
     pytest.importorskip("matplotlib")
     dirs = []
     for name in ("softmax", "primal"):
@@ -45,19 +48,21 @@ def test_analyze_compares_runs_and_reports_errors(tmp_path):
         dirs.append(tmp_path / name)
         run(fit_cmd(cfg, dirs[-1], "--threads", "1"))
     out = tmp_path / "cmp"
-    cmd = [sys.executable, "-m", "primaldual.cli", "analyze", *map(str, dirs), "--samples", "4", "--ckpt", "last"]
-    run([*cmd, "--out", str(out), "--labels", "Transformer", "PrimalFormer", "--split", "val"])
+    cmd = ["analyze", *map(str, dirs), "--samples", "4", "--ckpt", "last"]
+    assert main([*cmd, "--out", str(out), "--labels", "Transformer", "PrimalFormer", "--split", "val"]) == 0
     assert (out / "compare_spectra.png").is_file() and (out / "Transformer" / "spectra.png").is_file()
     assert "| PrimalFormer | 1 | primal |" in (out / "summary.md").read_text()
     # both runs come from the config "tiny": without --labels they are told apart by directory, none overwritten
-    run([*cmd, "--out", str(tmp_path / "plain")])
+    assert main([*cmd, "--out", str(tmp_path / "plain")]) == 0
     assert sorted(p.name for p in (tmp_path / "plain").iterdir() if p.is_dir()) == ["tiny", "tiny_primal"]
     assert "| tiny (primal) | 1 | primal |" in (tmp_path / "plain" / "summary.md").read_text()
-    bad = subprocess.run([*cmd, "--labels", "A", "A"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "distinct" in bad.stderr
-    bad = subprocess.run([*cmd[:4], str(tmp_path / "nowhere")], capture_output=True, text=True)
-    assert bad.returncode == 2 and "no such run directory" in bad.stderr
-    bad = subprocess.run([*cmd[:4], str(tmp_path)], capture_output=True, text=True)
-    assert bad.returncode == 2 and "config.yaml" in bad.stderr
-    bad = subprocess.run([*cmd, "--split", "unlabelled"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "split" in bad.stderr
+    capsys.readouterr()
+    for args, needle in (
+        ([*cmd, "--labels", "A", "A"], "distinct"),
+        (["analyze", str(tmp_path / "nowhere")], "no such run directory"),
+        (["analyze", str(tmp_path)], "config.yaml"),
+        ([*cmd, "--split", "unlabelled"], "split"),
+    ):
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("primaldual analyze") and needle in err[0], err
