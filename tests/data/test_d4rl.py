@@ -1,0 +1,327 @@
+"""D4RL-format data: the checked reader (files written here in the exact D4RL key layout, and malformed ones),
+trajectories, returns-to-go, context windows; and the generator (tiny budgets), including a SIGKILL resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+h5py = pytest.importorskip("h5py")
+
+from primaldual.data.cache import MissingDataError  # noqa: E402
+from primaldual.data.d4rl import (  # noqa: E402
+    D4RLFormatError,
+    TrajectoryDataset,
+    read_d4rl,
+    returns_to_go,
+    split_trajectories,
+    state_stats,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+SD, AD = 4, 2
+# three episodes: 5 steps ending in a terminal, 6 steps cut by a timeout, then a 3-step unfinished tail
+LENGTHS, ENDS = (5, 6, 3), ("terminal", "timeout", None)
+
+
+def _arrays(seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    n = sum(LENGTHS)
+    terminals, timeouts = np.zeros(n, bool), np.zeros(n, bool)
+    pos = 0
+    for length, end in zip(LENGTHS, ENDS):
+        pos += length
+        if end == "terminal":
+            terminals[pos - 1] = True
+        elif end == "timeout":
+            timeouts[pos - 1] = True
+    obs = rng.normal(size=(n, SD)).astype(np.float32)
+    return {
+        "observations": obs,
+        "actions": rng.uniform(-1, 1, size=(n, AD)).astype(np.float32),
+        "rewards": np.arange(1, n + 1, dtype=np.float32),
+        "terminals": terminals,
+        "timeouts": timeouts,
+        "next_observations": np.roll(obs, -1, 0),
+        "infos/qpos": rng.normal(size=(n, 3)).astype(np.float32),
+    }
+
+
+def _write(path: Path, arrays: dict[str, np.ndarray]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with h5py.File(path, "w") as f:
+        for k, v in arrays.items():
+            f.create_dataset(k, data=v)
+        f.create_dataset("metadata/algorithm", data="SAC")  # D4RL files carry such groups: ignored
+    return path
+
+
+@pytest.fixture
+def d4rl_file(tmp_path) -> Path:
+    return _write(tmp_path / "hopper-test-v2.hdf5", _arrays())
+
+
+def test_read(d4rl_file):
+    a = _arrays()
+    d = read_d4rl(d4rl_file)
+    assert len(d) == 14 and d.state_dim == SD and d.act_dim == AD
+    np.testing.assert_array_equal(d.observations, a["observations"])
+    np.testing.assert_array_equal(d.next_observations, a["next_observations"])
+    assert d.terminals.dtype == bool and d.rewards.dtype == np.float32
+    assert set(d.infos) == {"qpos"} and d.metadata == {}
+    assert read_d4rl(d4rl_file.parent).path == d4rl_file  # a directory with one HDF5 file
+    # without the optional keys
+    b = {k: v for k, v in a.items() if k in ("observations", "actions", "rewards", "terminals", "timeouts")}
+    b["terminals"] = b["terminals"].astype(np.float32)  # 0 / 1 floats, as some releases store them
+    b["rewards"] = b["rewards"][:, None]  # (N, 1) columns are accepted
+    d = read_d4rl(_write(d4rl_file.parent / "minimal" / "x.hdf5", b))
+    assert d.next_observations is None and d.infos == {} and d.terminals.dtype == bool and d.rewards.shape == (14,)
+
+
+def test_trajectories_and_returns_to_go(d4rl_file):
+    d = read_d4rl(d4rl_file)
+    trajs = split_trajectories(d)
+    assert [len(t) for t in trajs] == [5, 6, 3]  # the unfinished tail is kept
+    assert [t.start for t in trajs] == [0, 5, 11]
+    assert [len(t) for t in split_trajectories(d, drop_tail=True)] == [5, 6]  # as the DT conversion script
+    np.testing.assert_allclose(returns_to_go(trajs[0].rewards), [15, 14, 12, 9, 5])
+    np.testing.assert_allclose(returns_to_go(np.array([1.0, 1.0, 1.0]), gamma=0.5), [1.75, 1.5, 1.0])
+    mean, std = state_stats(d.observations)
+    np.testing.assert_allclose(mean, d.observations.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(std, d.observations.std(0) + 1e-6, rtol=1e-5)
+
+
+def test_windows(d4rl_file):
+    K = 4
+    ds = TrajectoryDataset(d4rl_file, K, return_scale=10.0, seed=3)
+    assert len(ds) == 14 and ds.info["trajectories"] == 3
+    mean, std = ds.state_mean, ds.state_std
+    d = ds.data
+    # anchor "start" (the DT code): a window from step 4 of the second trajectory runs off its end: 2 real steps
+    w = ds.window(1, 4)
+    assert w["mask"].tolist() == [False, False, True, True]
+    np.testing.assert_allclose(w["states"][2:].numpy(), (d.observations[9:11] - mean) / std, rtol=1e-5)
+    assert torch.all(w["states"][:2] == 0) and torch.all(w["actions"][:2] == 0)
+    assert w["timesteps"].tolist() == [0, 0, 4, 5]
+    np.testing.assert_allclose(w["returns_to_go"][:, 0].numpy(), [0, 0, (10 + 11) / 10, 11 / 10])
+    np.testing.assert_allclose(w["rewards"][:, 0].numpy(), [0, 0, 10, 11])
+    # anchor "end": the drawn step ends the window; trajectory starts are left-padded
+    ds_end = TrajectoryDataset(d4rl_file, K, return_scale=10.0, anchor="end")
+    w = ds_end.window(0, 1)
+    assert w["mask"].tolist() == [False, False, True, True] and w["timesteps"].tolist() == [0, 0, 0, 1]
+    np.testing.assert_allclose(w["returns_to_go"][2:, 0].numpy(), [1.5, 1.4])
+    w = ds_end.window(1, 5)
+    assert w["mask"].all() and w["timesteps"].tolist() == [2, 3, 4, 5]
+    # max_ep_len caps the timesteps
+    assert TrajectoryDataset(d4rl_file, K, max_ep_len=3).window(1, 0)["timesteps"].tolist() == [0, 1, 2, 2]
+    # items: deterministic for a seed, fresh per epoch, batched
+    item = ds[5]
+    assert all(torch.equal(item[k], TrajectoryDataset(d4rl_file, K, return_scale=10.0, seed=3)[5][k]) for k in item)
+    batch = ds.batch(range(8))
+    assert batch["states"].shape == (8, K, SD) and batch["mask"].dtype == torch.bool
+    other = TrajectoryDataset(d4rl_file, K, return_scale=10.0, seed=4).batch(range(8))
+    assert not torch.equal(batch["states"], other["states"])
+    ds.set_epoch(1)
+    assert not torch.equal(ds.batch(range(8))["states"], batch["states"])
+    loader = torch.utils.data.DataLoader(ds, batch_size=4)
+    assert next(iter(loader))["returns_to_go"].shape == (4, K, 1)
+
+
+def test_sampling_proportional_to_length(d4rl_file):
+    ds = TrajectoryDataset(d4rl_file, 4, num_samples=6000, seed=0)
+    counts = np.zeros(3)
+    for i in range(len(ds)):
+        rng = np.random.default_rng([0, 0, i])
+        counts[ds.locate(int(rng.integers(ds.num_timesteps)))[0]] += 1
+    np.testing.assert_allclose(counts / counts.sum(), np.array(LENGTHS) / 14, atol=0.02)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda a: a.pop("timeouts"), r"missing key 'timeouts'"),
+        (lambda a: a.pop("observations"), r"missing key 'observations'"),
+        (lambda a: a.update(actions=a["actions"][:-1]), r"'actions' has 13 rows but 'observations' has 14"),
+        (lambda a: a.update(rewards=a["rewards"][:-2]), r"'rewards' has 12 rows but 'observations' has 14"),
+        (lambda a: a.update(terminals=a["terminals"][:-1]), r"'terminals' has 13 rows"),
+        (
+            lambda a: a["observations"].__setitem__((3, 1), np.nan),
+            r"'observations' holds NaN values \(1, first at row 3\)",
+        ),
+        (lambda a: a["rewards"].__setitem__(7, np.inf), r"'rewards' holds infinite values"),
+        (lambda a: a.update(actions=a["actions"][:, 0]), r"'actions' has shape \(14,\), expected \(N, dim\)"),
+        (lambda a: a.update(rewards=np.ones((14, 3), np.float32)), r"'rewards' has shape \(14, 3\), expected \(N,\)"),
+        (lambda a: a.update(observations=a["observations"].astype(np.int64)), r"'observations' has dtype int64"),
+        (lambda a: a.update(terminals=np.full(14, 2)), r"'terminals' must hold booleans or 0 / 1"),
+        (lambda a: a.update(next_observations=a["next_observations"][:, :2]), r"'next_observations' has shape"),
+        (lambda a: a.update(rewards=np.array([b"x"] * 14)), r"'rewards' has dtype \|S1, expected numbers"),
+    ],
+)
+def test_malformed_files(tmp_path, change, match):
+    a = _arrays()
+    change(a)
+    path = _write(tmp_path / "bad.hdf5", a)
+    with pytest.raises(D4RLFormatError, match=match) as e:
+        read_d4rl(path)
+    msg = str(e.value)
+    assert "\n" not in msg and str(path) in msg and isinstance(e.value, ValueError)
+
+
+def test_missing_and_unreadable(tmp_path):
+    with pytest.raises(MissingDataError, match="no such file.*primaldual data generate d4rl"):
+        read_d4rl(tmp_path / "nope.hdf5")
+    with pytest.raises(MissingDataError, match="no .hdf5 file in this directory"):
+        read_d4rl(tmp_path)
+    (tmp_path / "junk.hdf5").write_bytes(b"not hdf5 at all" * 10)
+    with pytest.raises(D4RLFormatError, match="not a readable HDF5 file") as e:
+        read_d4rl(tmp_path / "junk.hdf5")
+    assert "\n" not in str(e.value)
+    _write(tmp_path / "other.h5", _arrays())
+    with pytest.raises(D4RLFormatError, match="several HDF5 files"):
+        read_d4rl(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The generator (tiny budgets; a small SAC network keeps these fast)
+# ---------------------------------------------------------------------------------------------------------------
+TINY = {"policy_kwargs": {"net_arch": [32, 32]}, "batch_size": 32}
+
+
+def _need_rl() -> None:
+    for mod in ("gymnasium", "mujoco", "stable_baselines3", "tqdm"):
+        pytest.importorskip(mod)
+
+
+def _check_generated(out: Path, kind: str, n: int) -> dict:
+    from primaldual.data.d4rl_generate import LABEL
+    from primaldual.utils.io import sha256_file
+
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["label"] == LABEL == "generated by the D4RL recipe, not the D4RL release"
+    assert meta["kind"] == kind and meta["env_id"] == "Hopper-v4" and meta["gymnasium_version"]
+    assert sha256_file(out / meta["file"]) == meta["sha256"]
+    d = read_d4rl(out)
+    assert len(d) == n == meta["transitions"] and d.state_dim == 11 and d.act_dim == 3
+    assert d.metadata["label"] == LABEL and d.attrs["label"] == LABEL
+    trajs = split_trajectories(d)
+    assert d.terminals[-1] or d.timeouts[-1]  # no trajectory runs past the data's end
+    assert len(trajs) == meta["trajectories"]
+    assert TrajectoryDataset(d, 5)[0]["states"].shape == (5, 11)
+    for b in meta["behaviour_policy"].values():
+        assert np.isfinite(b["normalized_score_mean"])
+    return meta
+
+
+def test_generate_random_via_cli(tmp_path, capsys, monkeypatch):
+    _need_rl()
+    from primaldual.cli import main
+
+    monkeypatch.setenv("PRIMALDUAL_DATA", str(tmp_path / "cache"))
+    out = tmp_path / "random"
+    argv = ["data", "generate", "d4rl", "--env", "hopper", "--kind", "random", "--transitions", "500"]
+    argv += ["--behaviour-episodes", "2", "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "generated by the D4RL recipe, not the D4RL release" in printed and "normalised score" in printed
+    meta = _check_generated(out, "random", 500)
+    assert meta["sac"] is None and set(meta["behaviour_policy"]) == {"random"}
+    assert main(argv) == 2  # exists: one error line, no overwrite
+    assert "already exists" in capsys.readouterr().err
+    # a seed fixes the data
+    from primaldual.data.d4rl_generate import generate_d4rl
+
+    again, _ = generate_d4rl(
+        "hopper", "random", transitions=500, behaviour_episodes=1, out=tmp_path / "r2", progress=False
+    )
+    a, b = read_d4rl(out), read_d4rl(again)
+    for key in ("observations", "actions", "rewards", "terminals", "timeouts", "next_observations"):
+        np.testing.assert_array_equal(getattr(a, key), getattr(b, key))
+
+
+def test_generate_medium_and_replay(tmp_path):
+    _need_rl()
+    from primaldual.data.d4rl_generate import SACRun, generate_d4rl, select_checkpoints, train_sac
+
+    work = tmp_path / "sac"
+    kw = dict(sac_steps=300, eval_every=100, eval_episodes=2, behaviour_episodes=2, work_dir=work)
+    lines: list[str] = []
+    out, meta = generate_d4rl(
+        "hopper", "medium", transitions=500, out=tmp_path / "m", sac_options=TINY, progress=False, log=lines.append,
+        **kw,
+    )  # fmt: skip
+    _check_generated(out, "medium", 500)
+    hist = meta["sac"]["history"]
+    assert [h["step"] for h in hist] == [100, 200, 300]
+    chosen = select_checkpoints(hist)
+    assert meta["sac"]["medium_checkpoint_step"] == chosen["medium"]["step"]
+    best = max(h["return_mean"] for h in hist)
+    assert chosen["expert"]["return_mean"] == best
+    assert abs(chosen["medium"]["return_mean"] - best / 3) == min(abs(h["return_mean"] - best / 3) for h in hist)
+    # the same run serves medium-replay: the replay buffer up to the medium checkpoint
+    out, meta = generate_d4rl("hopper", "medium-replay", out=tmp_path / "mr", sac_options=TINY, progress=False, **kw)
+    _check_generated(out, "medium-replay", chosen["medium"]["step"])
+    # checkpoints are loaded only when their bytes match the hashes recorded when they were written
+    run = SACRun(work, json.loads((work / "state.json").read_text()))
+    entry = run.history[0]
+    path = work / entry["checkpoint"]
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="SHA-256 differs.*refusing to load"):
+        run.load_model(entry)
+    with pytest.raises(ValueError, match="holds a SAC run with other settings \\(eval_every\\)"):
+        train_sac("hopper", 300, eval_every=150, eval_episodes=2, work_dir=work, sac_options=TINY, progress=False)
+
+
+def test_sigkill_during_sac_resumes(tmp_path):
+    _need_rl()
+    from primaldual.data.d4rl_generate import generate_d4rl
+
+    work, out = tmp_path / "sac", tmp_path / "out"
+    kw = dict(sac_steps=1500, eval_every=250, eval_episodes=1, behaviour_episodes=1, transitions=300)
+    script = textwrap.dedent(
+        f"""
+        import torch
+        torch.set_num_threads(1)
+        from primaldual.data.d4rl_generate import generate_d4rl
+        generate_d4rl("hopper", "medium", out={str(out)!r}, work_dir={str(work)!r}, sac_options={TINY!r},
+                      progress=False, **{kw!r})
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    state = work / "state.json"
+    deadline = time.monotonic() + 60
+    try:
+        while not (state.is_file() and json.loads(state.read_text())["history"]):
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "no checkpoint within 60 s"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+        proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+    before = json.loads(state.read_text())
+    assert not before["finished"] and not out.exists()
+    lines: list[str] = []
+    out_dir, meta = generate_d4rl(
+        "hopper", "medium", out=out, work_dir=work, sac_options=TINY, progress=False, log=lines.append, **kw
+    )
+    done_at = before["history"][-1]["step"]
+    assert any(f"resuming from step {done_at} of 1500" in line for line in lines), lines
+    after = json.loads(state.read_text())
+    assert after["finished"] and [h["step"] for h in after["history"]] == [250, 500, 750, 1000, 1250, 1500]
+    assert after["history"][: len(before["history"])] == before["history"]  # the killed run's checkpoints kept
+    assert len(list(work.glob("replay_buffer_*.pkl"))) == 1 and not list(work.rglob(".*.tmp"))
+    _check_generated(out_dir, "medium", 300)

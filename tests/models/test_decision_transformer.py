@@ -1,0 +1,133 @@
+"""The Decision Transformer on the shared causal encoder: shapes, causality over the (R, s, a) token order, exact
+left padding, and the KSVD term of Primal.+DT."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import primaldual as pd
+from primaldual.models import DecisionTransformer
+
+SD, AD, K = 5, 3, 6
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models run fastest on one thread (several spin-waiting threads are slow on a busy machine)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _inputs(B: int = 2, T: int = K, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    states = torch.randn(B, T, SD, generator=g)
+    actions = torch.rand(B, T, AD, generator=g) * 2 - 1
+    rtg = torch.randn(B, T, 1, generator=g)
+    timesteps = torch.arange(T).expand(B, T) + torch.tensor([[0], [7]])[:B]
+    return states, actions, rtg, timesteps
+
+
+def _model(plan: str = "softmax", **kw) -> DecisionTransformer:
+    opts = pd.primal_plus(2, s=4, eta=0.05, ksvd_reduction="sample") if plan == "primal_plus" else {}
+    return DecisionTransformer(SD, AD, max_ep_len=50, context=K, dim=16, depth=2, num_heads=2, **opts, **kw).eval()
+
+
+PLANS = ["softmax", "primal_plus"]
+
+
+@pytest.mark.parametrize("plan", PLANS)
+def test_shapes_and_range(plan):
+    model = _model(plan)
+    out = model(*_inputs())
+    assert out.shape == (2, K, AD) and out.abs().max() < 1
+    assert model(*_inputs(T=3)).shape == (2, 3, AD)  # shorter windows work
+    assert _model(plan, action_tanh=False)(*_inputs()).shape == (2, K, AD)
+    if plan == "primal_plus":
+        assert model.attention_names == ["softmax", "primal"]
+
+
+@pytest.mark.parametrize("plan", PLANS)
+def test_causal_over_tokens(plan):
+    """Prediction t sees R_<=t, s_<=t, a_<t: changing a_t or anything later leaves predictions <= t unchanged."""
+    model = _model(plan)
+    s, a, r, ts = _inputs()
+    ref = model(s, a, r, ts)
+    t = 2
+    for which in range(4):
+        x = [v.clone() for v in (s, a, r, ts)]
+        if which == 3:
+            x[3][:, t + 1 :] = 40  # later timesteps
+        else:
+            x[which][:, t + 1 :] += 5.0  # later states / actions / returns-to-go
+        out = model(*x)
+        torch.testing.assert_close(out[:, : t + 1], ref[:, : t + 1])
+        assert not torch.allclose(out[:, t + 1 :], ref[:, t + 1 :])
+    a2 = a.clone()
+    a2[:, t] = -a2[:, t]  # the action being predicted is not an input of its own prediction
+    out = model(s, a2, r, ts)
+    torch.testing.assert_close(out[:, : t + 1], ref[:, : t + 1])
+    assert not torch.allclose(out[:, t + 1 :], ref[:, t + 1 :])
+    s2 = s.clone()
+    s2[:, t] += 1.0  # but the current state is
+    assert not torch.allclose(model(s2, a, r, ts)[:, t], ref[:, t])
+
+
+@pytest.mark.parametrize("plan", PLANS)
+def test_left_padding_is_exact(plan):
+    """A left-padded window predicts at its real steps what the unpadded window does; pad values do not matter."""
+    model = _model(plan)
+    s, a, r, ts = _inputs(T=4)
+    ref = model(s, a, r, ts)  # (2, 4, AD)
+    pad = K - 4
+
+    def left(x, fill):
+        return torch.cat([torch.full((2, pad, *x.shape[2:]), fill, dtype=x.dtype), x], 1)
+
+    mask = torch.ones(2, K, dtype=torch.bool)
+    mask[:, :pad] = False
+    for fill in (0, 3):
+        out = model(left(s, fill), left(a, fill), left(r, fill), left(ts, fill), mask)
+        torch.testing.assert_close(out[:, pad:], ref, atol=1e-5, rtol=1e-5)
+    # get_action pads the same way and returns the last step's prediction
+    torch.testing.assert_close(model.get_action(s, a, r, ts), ref[:, -1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(model.get_action(s[0], a[0], r[0, :, 0], ts[0]), ref[0, -1], atol=1e-5, rtol=1e-5)
+    # histories longer than the context keep the last K steps
+    s, a, r, ts = _inputs(T=K + 3)
+    torch.testing.assert_close(model.get_action(s, a, r, ts), model(*(x[:, -K:] for x in (s, a, r, ts)))[:, -1])
+
+
+def test_primal_plus_ksvd_term_and_gradient():
+    model = _model("primal_plus").train()
+    out = model(*_inputs())
+    aux = pd.collect_aux_loss(model)
+    assert aux is not None and aux.dim() == 0 and torch.isfinite(aux)
+    (out.pow(2).mean() + aux).backward()
+    primal = model.encoder.blocks[-1].attn
+    assert primal.w_e.grad is not None and primal.w_e.grad.abs().sum() > 0
+    assert primal.w_r.grad is not None and primal.w_r.grad.abs().sum() > 0
+    model.zero_grad()
+    model(*_inputs())
+    aux = pd.collect_aux_loss(model)
+    aux.backward()  # the KSVD term alone reaches the primal parameters
+    assert primal.w_e.grad.abs().sum() > 0
+    assert pd.collect_aux_loss(_model("softmax").train()) is None
+
+
+def test_input_errors():
+    model = _model()
+    s, a, r, ts = _inputs()
+    with pytest.raises(ValueError, match="context is 6"):
+        model(*_inputs(T=K + 1))
+    with pytest.raises(ValueError, match="timesteps must be in"):
+        model(s, a, r, ts + 100)
+    with pytest.raises(ValueError, match="actions must have shape"):
+        model(s, a[..., :2], r, ts)
+    with pytest.raises(ValueError, match="mask must be a torch.bool"):
+        model(s, a, r, ts, torch.ones(2, K))
+    with pytest.raises(ValueError, match="timesteps must be an int64"):
+        model(s, a, r, ts.float())
+    with pytest.raises(TypeError, match="dropout"):
+        DecisionTransformer(SD, AD, dropout="0.1")
