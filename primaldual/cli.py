@@ -1,8 +1,9 @@
 """The ``primaldual`` command line.
 
 Subcommands: ``attentions`` (the registry with capabilities); ``smoke`` and ``bench`` (benchmarks); ``fit``,
-``validate``, ``test``, ``seeds``, ``configs`` (training); ``data`` (datasets); ``analyze`` (spectra of trained
-runs). Each module registers its own subcommands.
+``validate``, ``test``, ``seeds``, ``configs``, ``generate`` (training; ``generate`` continues a text with a
+trained language model); ``data`` (datasets); ``analyze`` (spectra of trained runs). Each module registers its
+own subcommands.
 
 Errors: bad input of any subcommand (an unknown config or config key, a missing file, run directory or checkpoint,
 a malformed data file, a bad argument value) ends with exactly one line ``primaldual <subcommand>: error: <message>``

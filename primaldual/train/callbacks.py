@@ -70,14 +70,19 @@ class EpochSeed(L.Callback):
     """Reseed every RNG before each training step from ``(seed, global step, global rank)``.
 
     Per step rather than per epoch: after a restart Lightning skips some epoch hooks of the epoch it resumes at,
-    so anything keyed to them would drift; the step counter is restored exactly.
+    so anything keyed to them would drift; the step counter is restored exactly. With gradient accumulation
+    (``accumulate`` > 1 batches per optimiser step) the batch's place in its step enters the seed too, so the
+    batches of one step draw different dropout masks.
     """
 
-    def __init__(self, seed: int) -> None:
-        self.seed = seed
+    def __init__(self, seed: int, accumulate: int = 1) -> None:
+        self.seed, self.accumulate = seed, accumulate
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int):
-        s = (self.seed * 1_000_003 + trainer.global_step * 1_009 + trainer.global_rank) % (2**31 - 1)
+        s = self.seed * 1_000_003 + trainer.global_step * 1_009 + trainer.global_rank
+        if self.accumulate > 1:
+            s = s * 131 + batch_idx % self.accumulate
+        s %= 2**31 - 1
         random.seed(s)
         np.random.seed(s)
         torch.manual_seed(s)
@@ -96,6 +101,7 @@ class EpochHistory(L.Callback):
         verbose: print one line per row on rank 0.
         every: ``"epoch"`` (a row at the end of every epoch) or ``"val"`` (a row after every periodic evaluation of
             a step-based run).
+        metrics: the metrics recorded per evaluated split (``<split>/<metric>``; language models: loss and ppl).
     """
 
     def __init__(
@@ -105,11 +111,13 @@ class EpochHistory(L.Callback):
         eval_splits: list[str],
         verbose: bool = True,
         every: str = "epoch",
+        metrics: tuple[str, ...] = ("loss", "acc"),
     ):
         if every not in ("epoch", "val"):
             raise ValueError(f"every: expected 'epoch' or 'val', got {every!r}")
         self.run_dir = Path(run_dir)
         self.protocol, self.eval_splits, self.verbose, self.every = protocol, eval_splits, verbose, every
+        self.metrics = tuple(metrics)
         self.rows: list[dict[str, Any]] = []
 
     @property
@@ -127,7 +135,7 @@ class EpochHistory(L.Callback):
     def _record(self, trainer: L.Trainer, train_keys: tuple[str, ...]) -> None:
         m = trainer.callback_metrics
         row: dict[str, Any] = {"epoch": trainer.current_epoch, "step": trainer.global_step}
-        for key in train_keys + tuple(f"{s}/{k}" for s in self.eval_splits for k in ("loss", "acc")):
+        for key in train_keys + tuple(f"{s}/{k}" for s in self.eval_splits for k in self.metrics):
             if key in m:
                 row[key.replace("_epoch", "")] = float(m[key])
         self.rows.append(row)

@@ -1,9 +1,10 @@
-"""``primaldual fit | validate | test | seeds | configs``: the training subcommands.
+"""``primaldual fit | validate | test | seeds | configs | generate``: the training subcommands.
 
 ``fit`` / ``validate`` / ``test`` follow Lightning CLI conventions: ``--config FILE_OR_NAME`` plus dotted
 overrides such as ``--model.attention softmax`` or ``--trainer.devices=2``; ``--attention NAME`` runs any
 registered attention in every layer; ``--print-config`` prints the resolved config and exits. ``validate`` /
-``test --run-dir RUN`` without ``--config`` evaluate the run with its own ``config.yaml``.
+``test --run-dir RUN`` without ``--config`` evaluate the run with its own ``config.yaml``. ``generate RUN_DIR
+--prompt TEXT`` continues a text with the language model of a run (task ``lm``).
 """
 
 from __future__ import annotations
@@ -139,6 +140,24 @@ def _cmd_seeds(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from .lm import generate_text
+    from .run import set_threads
+
+    set_threads(args.threads)
+    text = generate_text(
+        args.run_dir,
+        args.prompt,
+        args.max_new_tokens,
+        ckpt=args.ckpt,
+        seed=args.seed,
+        temperature=args.temperature,
+        top_k=args.top_k,
+    )
+    print(text)
+    return 0
+
+
 def _cmd_configs(args: argparse.Namespace) -> int:
     from .config import config_dir, list_configs
 
@@ -210,3 +229,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=examples("primaldual configs", "primaldual fit --config uea/JapaneseVowels/primalformer --print-config"),
     )
     p.set_defaults(func=_cmd_configs)
+    p = subparsers.add_parser(
+        "generate",
+        help="continue a text with the language model of a run (task lm)",
+        formatter_class=FORMATTER,
+        allow_abbrev=False,
+        epilog=examples(
+            'primaldual generate runs/lm/english/transformer_reduced-heldout-seed0-* --prompt "The kernel" '
+            "--max-new-tokens 40",
+            'primaldual generate RUN_DIR --prompt "It is a truth universally acknowledged" --max-new-tokens 60 '
+            "--temperature 0.8 --top-k 40 --seed 1",
+            'primaldual generate RUN_DIR --prompt "And God said" --max-new-tokens 30 --temperature 0 --ckpt last',
+            note="The model comes from the run's config.yaml, the checkpoint is read in the safe mode, the prompt is "
+            "encoded with the run's tokenizer (tokenizer.json, or dict.txt for WikiText); the prompt and its "
+            "continuation are printed. Prompt tokens + --max-new-tokens must fit the model's positions "
+            "(data.max_len).",
+        ),
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `primaldual fit` (task lm)")
+    p.add_argument("--prompt", required=True, help="the text to continue")
+    p.add_argument("--max-new-tokens", type=int, default=50, help="tokens to generate (default 50)")
+    p.add_argument("--ckpt", default="best", help="best, last, or a checkpoint path (default best)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0 is greedy (default 1.0)")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens (default all)")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.set_defaults(func=_cmd_generate)

@@ -1,9 +1,11 @@
 """Run configuration: a few dataclasses, loaded from composed YAML, overridden from the command line, validated.
 
 A config has the sections ``data``, ``model``, ``optim``, ``schedule``, ``trainer`` and the top-level keys
-``name``, ``task``, ``protocol``, ``seed``. ``task`` is ``uea`` (time-series classification, epoch-based) or one of
-the Long-Range Arena tasks ``lra_listops``, ``lra_text``, ``lra_retrieval``, ``lra_image``, ``lra_pathfinder``
-(step-based: ``trainer.max_steps`` with an evaluation every ``trainer.val_check_interval`` steps). Overrides use
+``name``, ``task``, ``protocol``, ``seed``. ``task`` is ``uea`` (time-series classification, epoch-based), one of
+the Long-Range Arena tasks ``lra_listops``, ``lra_text``, ``lra_retrieval``, ``lra_image``, ``lra_pathfinder``, or
+``lm`` (causal language modelling on ``english``, ``wikitext-103`` or ``wikitext-2``; see
+:mod:`primaldual.train.lm`); LRA and LM are step-based: ``trainer.max_steps`` with an evaluation every
+``trainer.val_check_interval`` steps. Overrides use
 Lightning-CLI style dotted flags (``--model.attention primal``, ``--trainer.max_epochs=5``, values parsed as YAML)
 plus one shortcut, ``--attention NAME``, that puts ``NAME`` in every layer and drops the mechanism options of the
 config (they belong to the old mechanism).
@@ -43,6 +45,7 @@ from typing import Any
 import yaml
 
 __all__ = [
+    "LM_DATASETS",
     "LRA_DATASETS",
     "ConfigError",
     "DataConfig",
@@ -66,9 +69,12 @@ __all__ = [
 PROTOCOLS = ("heldout", "paper")
 OPTIMIZERS = ("radam", "adam", "adamw", "sgd")
 LRA_TASKS = ("lra_listops", "lra_text", "lra_retrieval", "lra_image", "lra_pathfinder")
-TASKS = ("uea", *LRA_TASKS)
-MODEL_KINDS = ("auto", "timeseries", "sequence", "retrieval")
-DECAYS = ("constant", "linear", "cosine")
+LM_TASK = "lm"
+TASKS = ("uea", *LRA_TASKS, LM_TASK)
+MODEL_KINDS = ("auto", "timeseries", "sequence", "retrieval", "lm")
+DECAYS = ("constant", "linear", "cosine", "inverse_sqrt")
+# data.name values of task lm: the obtainable English corpus, or WikiText files the user provides (data.root)
+LM_DATASETS: tuple[str, ...] = ("english", "wikitext-103", "wikitext-2")
 
 
 class ConfigError(ValueError):
@@ -89,6 +95,9 @@ class DataConfig:
     error message suggests when the named data is missing (never substituted silently); ``train_pairs`` /
     ``eval_pairs`` pairs drawn per split by the retrieval stand-in; ``val_size``: evaluate a fixed random subset of the
     validation split of this size (cheaper periodic evaluation; the test split is always used whole).
+
+    LM (see :mod:`primaldual.train.lm`): ``name`` one of :data:`LM_DATASETS`; ``root`` the corpus folder (None: the
+    cache); ``max_len`` the tokens per sample (contiguous, non-overlapping chunks); ``val_size`` as LRA, in chunks.
     """
 
     name: str = "JapaneseVowels"
@@ -112,7 +121,9 @@ class ModelConfig:
     ``sequence`` (:class:`~primaldual.models.SequenceClassifier`, LRA) or ``retrieval``
     (:class:`~primaldual.models.RetrievalClassifier`); ``auto`` picks it from the task. ``vocab_size`` /
     ``num_classes``: None takes them from the data (a value that disagrees with the data is an error).
-    ``norm_first``, ``positions``, ``pooling``: token models only."""
+    ``norm_first``, ``positions``, ``pooling``: token models only. ``lm``: the decoder-only
+    :class:`~primaldual.models.CausalLM` (pre-LN, causal attention in every layer; ``tie_embeddings``: the output
+    layer shares the token embedding's weight)."""
 
     kind: str = "auto"
     dim: int = 512
@@ -127,11 +138,12 @@ class ModelConfig:
     norm_first: bool = True
     positions: str = "learned"
     pooling: str = "mean"
+    tie_embeddings: bool = True
 
     def resolved_kind(self, task: str) -> str:
         if self.kind != "auto":
             return self.kind
-        return {"uea": "timeseries", "lra_retrieval": "retrieval"}.get(task, "sequence")
+        return {"uea": "timeseries", "lra_retrieval": "retrieval", LM_TASK: "lm"}.get(task, "sequence")
 
 
 @dataclass
@@ -149,7 +161,8 @@ class OptimConfig:
 class ScheduleConfig:
     """Learning-rate schedule, stepped every optimiser step: linear warm-up over ``warmup_steps`` from lr / warmup
     to lr, then ``decay`` (``constant``: the UEA reference; ``linear`` to 0 at ``total_steps``: the LRA reference;
-    ``cosine`` to 0). ``total_steps`` None: ``trainer.max_steps``."""
+    ``cosine`` to 0; ``inverse_sqrt``: lr * sqrt(warmup_steps / step), fairseq's ``inverse_sqrt``, the LM
+    reference). ``total_steps`` None: ``trainer.max_steps``."""
 
     warmup_steps: int = 0
     decay: str = "constant"
@@ -158,7 +171,9 @@ class ScheduleConfig:
 
 @dataclass
 class TrainerConfig:
-    """Arguments passed to ``lightning.Trainer`` (see its documentation)."""
+    """Arguments passed to ``lightning.Trainer`` (see its documentation). ``accumulate_grad_batches``: batches whose
+    gradients are summed into one optimiser step (``max_steps``, ``val_check_interval`` and the schedule count
+    optimiser steps)."""
 
     max_epochs: int = 100
     max_steps: int = -1  # > 0: step-based training (LRA); max_epochs is then ignored
@@ -171,6 +186,7 @@ class TrainerConfig:
     gradient_clip_val: float | None = None
     log_every_n_steps: int = 5
     enable_progress_bar: bool = True
+    accumulate_grad_batches: int = 1
 
 
 @dataclass
@@ -297,13 +313,18 @@ def _validate(cfg: RunConfig) -> None:
     if cfg.protocol not in PROTOCOLS:
         raise ConfigError(f"protocol: expected one of {PROTOCOLS}, got {cfg.protocol!r}")
     if cfg.task != "uea" and cfg.protocol == "paper":
-        raise ConfigError("protocol: 'paper' (select on test) is the UEA reference protocol; LRA uses 'heldout'")
+        raise ConfigError("protocol: 'paper' (select on test) is the UEA reference protocol; LRA and LM use 'heldout'")
     _path_part("name", cfg.name)
     check_int("seed", cfg.seed, low=0, high=_SEED_MAX)
 
     d = cfg.data
     if cfg.task == "uea":
         _path_part("data.name", d.name)
+    elif cfg.task == LM_TASK:
+        if d.name not in LM_DATASETS:
+            raise ConfigError(f"data.name: task 'lm' takes one of {LM_DATASETS}, got {d.name!r}")
+        if d.max_len is None:
+            raise ConfigError("data.max_len: task 'lm' needs the tokens per sample (e.g. 512)")
     else:
         names = LRA_DATASETS[cfg.task]
         pathfinder = cfg.task == "lra_pathfinder" and isinstance(d.name, str) and d.name.startswith("pathfinder")
@@ -327,7 +348,7 @@ def _validate(cfg: RunConfig) -> None:
     if m.kind not in MODEL_KINDS:
         raise ConfigError(f"model.kind: expected one of {MODEL_KINDS}, got {m.kind!r}")
     kind = m.resolved_kind(cfg.task)
-    if (kind == "timeseries") != (cfg.task == "uea"):
+    if (kind == "timeseries") != (cfg.task == "uea") or (kind == "lm") != (cfg.task == LM_TASK):
         raise ConfigError(f"model.kind: {kind!r} does not fit task {cfg.task!r}")
     if m.positions not in ("learned", "sinusoidal"):
         raise ConfigError(f"model.positions: expected 'learned' or 'sinusoidal', got {m.positions!r}")
@@ -341,7 +362,13 @@ def _validate(cfg: RunConfig) -> None:
     check_int("model.vocab_size", m.vocab_size, low=1, allow_none=True)
     check_int("model.num_classes", m.num_classes, low=2, allow_none=True)
     check_bool("model.norm_first", m.norm_first)
-    _validate_attention(m)
+    check_bool("model.tie_embeddings", m.tie_embeddings)
+    if kind == "lm":
+        if not m.norm_first:
+            raise ConfigError("model.norm_first: the causal LM (model.kind 'lm') is pre-LN; set it to true")
+        if m.num_classes is not None:
+            raise ConfigError("model.num_classes: a language model has no classes; set it to null")
+    _validate_attention(m, causal=kind == "lm")
 
     o = cfg.optim
     if o.name not in OPTIMIZERS:
@@ -364,6 +391,10 @@ def _validate(cfg: RunConfig) -> None:
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise ConfigError(f"{key}: expected an int >= 0, got {v!r}")
     check_int("schedule.total_steps", s.total_steps, low=1, allow_none=True)
+    if s.decay == "inverse_sqrt" and s.warmup_steps < 1:
+        raise ConfigError(
+            "schedule.warmup_steps: decay 'inverse_sqrt' (lr * sqrt(warmup_steps / step)) needs warmup_steps >= 1"
+        )
 
     t = cfg.trainer
     if not isinstance(t.max_steps, int) or isinstance(t.max_steps, bool) or t.max_steps == 0 or t.max_steps < -1:
@@ -380,7 +411,7 @@ def _validate(cfg: RunConfig) -> None:
                 "trainer.val_check_interval: only step-based runs (trainer.max_steps > 0) evaluate every K steps; "
                 "an epoch-based run evaluates after every epoch (set it to null)"
             )
-    if s.decay != "constant" and s.total_steps is None and not cfg.step_based:
+    if s.decay in ("linear", "cosine") and s.total_steps is None and not cfg.step_based:
         raise ConfigError(
             f"schedule.decay: {s.decay!r} decays to 0 at schedule.total_steps; set it (or train step-based with "
             "trainer.max_steps)"
@@ -398,6 +429,7 @@ def _validate(cfg: RunConfig) -> None:
         "trainer.gradient_clip_val (null for no clipping)", t.gradient_clip_val, low=0, low_open=True, allow_none=True
     )
     check_int("trainer.log_every_n_steps", t.log_every_n_steps, low=1)
+    check_int("trainer.accumulate_grad_batches", t.accumulate_grad_batches, low=1)
     check_bool("trainer.enable_progress_bar", t.enable_progress_bar)
 
 
@@ -426,8 +458,9 @@ def _yaml_hint(key: Any) -> str:
     return ""
 
 
-def _validate_attention(m: ModelConfig) -> None:
-    """Every layer's attention name and options, checked against the registry and by building the layer on meta."""
+def _validate_attention(m: ModelConfig, causal: bool = False) -> None:
+    """Every layer's attention name and options, checked against the registry and by building the layer on meta
+    (``causal``: as a causal layer, the language model's)."""
     from ..attention.registry import attention_options, build_attention, list_attentions
 
     registered = [i.name for i in list_attentions()]
@@ -462,6 +495,8 @@ def _validate_attention(m: ModelConfig) -> None:
                     f"{ot}: unknown option {key!r} for attention {name!r}{_yaml_hint(key)}; valid options: "
                     f"{', '.join(sorted(valid))}"
                 )
+        if causal and "causal" in opts:
+            raise ConfigError(f"{ot}: leave out 'causal'; every layer of the language model is causal")
         if "head_dim" not in opts and m.dim % m.num_heads:
             raise ConfigError(f"model.num_heads: {m.num_heads} heads do not divide model.dim {m.dim}")
         key = repr((name, sorted(opts.items(), key=lambda kv: kv[0])))
@@ -469,6 +504,8 @@ def _validate_attention(m: ModelConfig) -> None:
             continue
         built.add(key)
         opts.update(device="meta", dtype=None)
+        if causal:
+            opts["causal"] = True
         try:
             build_attention(name, m.dim, m.num_heads, **opts)
         except (TypeError, ValueError, KeyError) as e:
@@ -502,8 +539,9 @@ def check_machine(cfg: RunConfig) -> None:
 _ADDED_KEYS = [
     *(("data", k) for k in ("max_len", "tokenisation", "stand_in", "train_pairs", "eval_pairs", "val_size")),
     *(("model", k) for k in ("kind", "vocab_size", "num_classes", "norm_first", "positions", "pooling")),
+    ("model", "tie_embeddings"),
     *(("optim", k) for k in ("betas", "eps")),
-    *(("trainer", k) for k in ("max_steps", "val_check_interval")),
+    *(("trainer", k) for k in ("max_steps", "val_check_interval", "accumulate_grad_batches")),
 ]
 
 _SECTIONS = {

@@ -31,12 +31,25 @@ class TrainerEpochSampler(DistributedSampler):
     batches the interrupted run already trained on are skipped, so the run continues with the very batch an
     uninterrupted run would see next. Lightning counts them in ``batch_progress`` (restored before the iterator is
     created); ``batch_size`` is needed to turn that count into samples.
+
+    ``accumulate`` > 1 (gradient accumulation): each epoch is cut to a whole number of optimiser updates
+    (``batch_size * accumulate`` samples each; the rest of the permutation is left out of that epoch), so no update
+    straddles an epoch boundary and evaluations / checkpoints every K updates fall on update boundaries.
     """
 
-    def __init__(self, dataset: Dataset, trainer: L.Trainer | None, batch_size: int = 1, **kwargs) -> None:
+    def __init__(
+        self, dataset: Dataset, trainer: L.Trainer | None, batch_size: int = 1, accumulate: int = 1, **kwargs
+    ) -> None:
         super().__init__(dataset, **kwargs)
         self._trainer = trainer
         self.batch_size = batch_size
+        per_update = batch_size * accumulate
+        self.kept = (
+            self.num_samples if accumulate <= 1 else max(per_update, self.num_samples // per_update * per_update)
+        )
+
+    def __len__(self) -> int:
+        return min(self.kept, self.num_samples)
 
     def set_epoch(self, epoch: int) -> None:
         if self._trainer is None:
@@ -47,14 +60,14 @@ class TrainerEpochSampler(DistributedSampler):
         if self._trainer is None:
             return 0
         done = self._trainer.fit_loop.epoch_loop.batch_progress.current.completed
-        batches = -(-self.num_samples // self.batch_size)
+        batches = -(-len(self) // self.batch_size)
         return done if 0 < done < batches else 0
 
     def __iter__(self):
         if self._trainer is None:
-            return super().__iter__()
+            return iter(list(super().__iter__())[: len(self)])
         self.epoch = self._trainer.current_epoch
-        indices = list(super().__iter__())
+        indices = list(super().__iter__())[: len(self)]
         return iter(indices[self._done_batches() * self.batch_size :])
 
 

@@ -200,8 +200,9 @@ class LRADataModule(L.LightningDataModule):
         t = self.trainer
         world, rank = (t.world_size, t.global_rank) if t is not None else (1, 0)
         ds = self.datasets["train"]
+        accumulate = t.accumulate_grad_batches if t is not None else 1
         sampler = TrainerEpochSampler(
-            ds, t, self.cfg.batch_size, num_replicas=world, rank=rank, shuffle=True, seed=self.seed
+            ds, t, self.cfg.batch_size, accumulate, num_replicas=world, rank=rank, shuffle=True, seed=self.seed
         )
         return DataLoader(ds, batch_size=self.cfg.batch_size, sampler=sampler, num_workers=self.cfg.num_workers)
 

@@ -94,7 +94,7 @@ class ClassificationModule(L.LightningModule):
         sch = self.schedule
         if sch.warmup_steps == 0 and sch.decay == "constant":
             return opt
-        if sch.decay != "constant" and not self.total_steps:
+        if sch.decay in ("linear", "cosine") and not self.total_steps:
             raise ValueError(f"schedule.decay {sch.decay!r} needs schedule.total_steps or trainer.max_steps")
         factor = partial(lr_factor, warmup=sch.warmup_steps, decay=sch.decay, total=self.total_steps or 0)
         scheduler = torch.optim.lr_scheduler.LambdaLR(opt, factor)
@@ -103,10 +103,14 @@ class ClassificationModule(L.LightningModule):
 
 def lr_factor(step: int, *, warmup: int, decay: str, total: int) -> float:
     """Learning-rate multiplier at optimiser step ``step`` (0-based): linear warm-up from 1/warmup to 1 over
-    ``warmup`` steps, then constant, or linear / cosine decay reaching 0 at step ``total``."""
+    ``warmup`` steps, then constant, or linear / cosine decay reaching 0 at step ``total``, or ``inverse_sqrt``:
+    ``sqrt(warmup / u)`` at update ``u = step + 1 > warmup`` (fairseq's ``inverse_sqrt`` with
+    ``warmup_init_lr`` 0: ``u / warmup`` up to ``u = warmup``, then ``lr * sqrt(warmup) / sqrt(u)``)."""
     if step < warmup:
         return (step + 1) / warmup
     if decay == "constant":
         return 1.0
+    if decay == "inverse_sqrt":
+        return math.sqrt(warmup / (step + 1))
     frac = min(1.0, (step - warmup) / max(1, total - warmup))
     return 1.0 - frac if decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * frac))

@@ -6,6 +6,9 @@
 * ``paper`` (the UEA reference protocol of Flowformer / Time-Series-Library / Primal-Attention): trains on all of
   TRAIN, evaluates TEST after every epoch and reports the best TEST accuracy over epochs. It selects on the test
   split, so every output carries the label ``paper protocol (selects on test)``.
+
+Language modelling (task ``lm``) uses ``heldout`` with selection by the lowest validation loss (token
+cross-entropy; ties: the earlier step): :data:`LM_HELDOUT`, returned by :func:`get_protocol` for that task.
 """
 
 from __future__ import annotations
@@ -13,20 +16,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PROTOCOLS", "Protocol", "get_protocol"]
+__all__ = ["LM_HELDOUT", "PROTOCOLS", "Protocol", "get_protocol"]
 
 
 @dataclass(frozen=True)
 class Protocol:
-    """name; label (printed with every result); eval_split: the split evaluated each epoch ("val" or "test")."""
+    """name; label (printed with every result); eval_split: the split evaluated each epoch ("val" or "test");
+    select_on: ``acc`` (highest accuracy, ties: lower loss) or ``loss`` (lowest loss)."""
 
     name: str
     label: str
     eval_split: str
+    select_on: str = "acc"
 
     def sort_key(self, row: dict[str, Any]) -> tuple[float, ...]:
         """Smaller is better: the best row of a history is ``min(rows, key=sort_key)`` (ties: the earlier step)."""
         s = self.eval_split
+        if self.select_on == "loss":
+            return (float(row[f"{s}/loss"]), int(row["step"]))
         return (-float(row[f"{s}/acc"]), float(row[f"{s}/loss"]), int(row["step"]))
 
     def best(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -43,7 +50,17 @@ PROTOCOLS: dict[str, Protocol] = {
 }
 
 
-def get_protocol(name: str) -> Protocol:
+LM_HELDOUT = Protocol(
+    "heldout", "heldout protocol (lowest validation loss selects the checkpoint; test evaluated once)", "val", "loss"
+)
+
+
+def get_protocol(name: str, task: str | None = None) -> Protocol:
+    """The protocol ``name``; for ``task="lm"`` (only ``heldout``) the loss-selected :data:`LM_HELDOUT`."""
+    if task == "lm":
+        if name != "heldout":
+            raise ValueError(f"protocol: language modelling uses 'heldout', got {name!r}")
+        return LM_HELDOUT
     try:
         return PROTOCOLS[name]
     except KeyError:

@@ -1,8 +1,8 @@
 """One run: config -> run directory -> Trainer.fit (resuming from ``last.ckpt`` if present) -> summary.
 
-UEA runs are epoch-based; LRA runs are step-based (``trainer.max_steps``, an evaluation and a checkpoint every
-``trainer.val_check_interval`` steps, default a tenth of the run), with the LRA protocol: the best-validation
-checkpoint is evaluated once on test.
+UEA runs are epoch-based; LRA and language-model (``lm``) runs are step-based (``trainer.max_steps``, an evaluation
+and a checkpoint every ``trainer.val_check_interval`` steps, default a tenth of the run), with the heldout protocol:
+the best-validation checkpoint (LRA: accuracy; LM: lowest loss) is evaluated once on test.
 
 Nothing is written before the config is validated and the data and model are built: a bad value, missing data or a
 model that cannot be built leave no run directory behind. The running ``fit`` holds ``run.lock`` (a second process
@@ -18,7 +18,8 @@ Run directory (default ``runs/<task>/<dataset>/<name>-<protocol>-seed<k>-<config
     checkpoints/last.ckpt  written after every epoch / evaluation, atomically; the same command resumes from it
     checkpoints/last.prev.ckpt  the one before (the fallback when last.ckpt is unreadable)
     checkpoints/best.ckpt  the epoch / evaluation the protocol selects
-    summary.json           the result (protocol label, best epoch or step, test accuracy, data source, ...)
+    summary.json           the result (protocol label, best epoch or step, test accuracy or perplexity, ...)
+    tokenizer.json / dict.txt   language models: the run's tokenizer (for ``primaldual generate``)
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ from ..options import check_int
 from ..utils.io import atomic_write_json, atomic_write_text
 from .callbacks import AtomicCheckpointIO, EpochHistory, EpochSeed
 from .checkpoints import check_fits, load_checkpoint, resume_checkpoint
-from .config import ConfigError, RunConfig, check_machine, dump_config, load_config
+from .config import LM_TASK, ConfigError, RunConfig, check_machine, dump_config, load_config
 from .datamodule import UEADataModule
+from .lm import LanguageModelModule, LMDataModule, build_lm, lm_report, lm_results
 from .lock import LOCK_NAME, RunLock
 from .lra_data import LRADataModule, labels_of
 from .module import ClassificationModule
@@ -72,10 +74,12 @@ def _is_launcher_process() -> bool:
     return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0"
 
 
-def build_datamodule(cfg: RunConfig) -> UEADataModule | LRADataModule:
+def build_datamodule(cfg: RunConfig) -> UEADataModule | LRADataModule | LMDataModule:
     """The task's data module (not yet set up)."""
     if cfg.task == "uea":
         return UEADataModule(cfg.data, cfg.protocol, cfg.seed)
+    if cfg.task == LM_TASK:
+        return LMDataModule(cfg.data, cfg.seed)
     return LRADataModule(cfg.data, cfg.task, cfg.seed)
 
 
@@ -98,6 +102,8 @@ def build_model(cfg: RunConfig, dm: UEADataModule | LRADataModule) -> nn.Module:
         "attention_options": m.attention_options,
     }
     kind = m.resolved_kind(cfg.task)
+    if kind == "lm":
+        return build_lm(cfg, dm.vocab_size)
     if kind == "timeseries":
         return TimeSeriesClassifier(dm.num_channels, dm.num_classes, dm.max_len, **common)
     classes = _from_data(m.num_classes, dm.num_classes, "model.num_classes")
@@ -110,9 +116,12 @@ def build_model(cfg: RunConfig, dm: UEADataModule | LRADataModule) -> nn.Module:
     return SequenceClassifier(vocab, classes, dm.max_len, **tokens)
 
 
-def build_module(cfg: RunConfig, dm: UEADataModule | LRADataModule) -> ClassificationModule:
+def build_module(cfg: RunConfig, dm: UEADataModule | LRADataModule | LMDataModule) -> ClassificationModule:
     """Model + optimiser / schedule settings in the Lightning module."""
     total = cfg.trainer.max_steps if cfg.step_based else None
+    if cfg.task == LM_TASK:
+        model = build_model(cfg, dm)
+        return LanguageModelModule(model, cfg.optim, cfg.schedule, total, dm.split_bytes, dm.split_targets)
     return ClassificationModule(build_model(cfg, dm), cfg.optim, dm.eval_splits, cfg.schedule, total)
 
 
@@ -175,10 +184,11 @@ def _trainer(cfg: RunConfig, run_dir: Path, callbacks: list[L.Callback], logger:
     t = cfg.trainer
     if cfg.step_based:
         # Evaluate every K steps across epoch boundaries; max_epochs -1 = unbounded (max_steps stops the run).
+        # Lightning counts val_check_interval in batches: K optimiser steps are K * accumulate_grad_batches batches.
         when: dict[str, Any] = {
             "max_steps": t.max_steps,
             "max_epochs": -1,
-            "val_check_interval": _val_interval(cfg),
+            "val_check_interval": _val_interval(cfg) * t.accumulate_grad_batches,
             "check_val_every_n_epoch": None,
         }
     else:
@@ -192,6 +202,7 @@ def _trainer(cfg: RunConfig, run_dir: Path, callbacks: list[L.Callback], logger:
         strategy=t.strategy,
         precision=t.precision,
         gradient_clip_val=t.gradient_clip_val,
+        accumulate_grad_batches=t.accumulate_grad_batches,
         log_every_n_steps=t.log_every_n_steps,
         enable_progress_bar=t.enable_progress_bar,
         logger=logger if logger is not None else False,
@@ -216,7 +227,7 @@ def fit(
         cfg: the resolved config. run_dir: default :func:`default_run_dir`. fresh: delete the run dir first.
         verbose: per-epoch lines and the final report on stdout (rank 0).
     """
-    protocol = get_protocol(cfg.protocol)
+    protocol = get_protocol(cfg.protocol, cfg.task)
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
     launcher = _is_launcher_process()
     check_machine(cfg)
@@ -233,6 +244,8 @@ def fit(
     module = build_module(cfg, dm)
     with lock.acquire(action) if launcher else contextlib.nullcontext():
         _prepare_run_dir(cfg, run_dir, fresh, verbose)
+        if launcher and isinstance(dm, LMDataModule):
+            dm.save_tokenizer(run_dir)  # primaldual generate needs only the run directory
         return _fit(cfg, run_dir, protocol, dm, module, verbose)
 
 
@@ -240,7 +253,9 @@ def _fit(cfg: RunConfig, run_dir: Path, protocol: Any, dm: Any, module: Classifi
     note = (lambda msg: print(msg, flush=True)) if verbose and _is_launcher_process() else (lambda msg: None)
     resume = resume_checkpoint(run_dir, note)
     every = "val" if cfg.step_based else "epoch"
-    history = EpochHistory(run_dir, protocol, dm.eval_splits, verbose=verbose, every=every)
+    lm = cfg.task == LM_TASK
+    metrics = ("loss", "ppl") if lm else ("loss", "acc")
+    history = EpochHistory(run_dir, protocol, dm.eval_splits, verbose=verbose, every=every, metrics=metrics)
     # Monitor-less top-1 under the fixed name "last": one file, replaced (atomically) after every epoch
     # (step-based: after every periodic evaluation, so a resume loses at most one evaluation interval).
     last_ckpt = ModelCheckpoint(
@@ -252,7 +267,8 @@ def _fit(cfg: RunConfig, run_dir: Path, protocol: Any, dm: Any, module: Classifi
         enable_version_counter=False,
     )
     logger = CSVLogger(run_dir, name="logs")
-    trainer = _trainer(cfg, run_dir, [EpochSeed(cfg.seed), history, last_ckpt], logger)
+    seeder = EpochSeed(cfg.seed, cfg.trainer.accumulate_grad_batches)
+    trainer = _trainer(cfg, run_dir, [seeder, history, last_ckpt], logger)
     if verbose and trainer.is_global_zero:
         n = sum(p.numel() for p in module.parameters())
         print(
@@ -279,6 +295,15 @@ def _fit(cfg: RunConfig, run_dir: Path, protocol: Any, dm: Any, module: Classifi
     }
     if cfg.step_based:
         summary.update(steps=int(trainer.global_step), best_step=int(best["step"]), evaluations=len(history.rows))
+    if lm:
+        res = trainer.test(module, dm, ckpt_path=str(history.best_path), verbose=False, **_safe(trainer.test))
+        summary["data"] = {k: v for k, v in dm.info.items() if isinstance(v, str | int | float | bool)}
+        summary.update(lm_results(dm, getattr(module, "results", {}).get("test", res[0]), best))
+        if trainer.is_global_zero:
+            atomic_write_json(run_dir / "summary.json", summary)
+            if verbose:
+                print(lm_report(cfg, summary, protocol.label), flush=True)
+        return summary
     if cfg.task != "uea":
         summary["data"] = {k: v for k, v in dm.info.items() if isinstance(v, str | int | float | bool)}
         summary["majority_class_test_acc"] = _majority_baseline(dm)

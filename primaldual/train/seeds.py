@@ -77,7 +77,8 @@ def run_seeds(
 
 
 def format_table(summaries: list[dict[str, Any]], command: str | None = None) -> str:
-    """Markdown table: one row per (dataset, config), one column per protocol, test accuracy mean +- std (n seeds).
+    """Markdown table: one row per (dataset, config), one column per protocol, test accuracy mean +- std (n seeds);
+    test perplexity instead when every summary is a language model's (task ``lm``).
 
     Rows are keyed by dataset as well as config name, so configs of different tasks that share a name (the LRA
     ``transformer_reduced`` of ListOps and of Image) are never averaged together; a dataset column appears when
@@ -87,15 +88,17 @@ def format_table(summaries: list[dict[str, Any]], command: str | None = None) ->
     protocols = list(dict.fromkeys(s["protocol"] for s in summaries))
     datasets = list(dict.fromkeys(s["dataset"] for s in summaries))
     several = len(datasets) > 1
-    head = (["dataset"] if several else []) + ["model"] + [get_protocol(p).label for p in protocols]
-    lines = [f"Test accuracy (%) on {', '.join(datasets)}, mean +- std over seeds", ""]
+    lm = all(s.get("task") == "lm" for s in summaries)
+    label = (lambda p: get_protocol(p, "lm").label) if lm else (lambda p: get_protocol(p).label)
+    value = (lambda s: s["test_ppl"]) if lm else (lambda s: 100 * s["test_acc"])
+    head = (["dataset"] if several else []) + ["model"] + [label(p) for p in protocols]
+    what = "Test perplexity" if lm else "Test accuracy (%)"
+    lines = [f"{what} on {', '.join(datasets)}, mean +- std over seeds", ""]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for dataset, name in rows:
         cells = ([dataset] if several else []) + [name]
         for p in protocols:
-            acc = [
-                100 * s["test_acc"] for s in summaries if (s["dataset"], s["name"], s["protocol"]) == (dataset, name, p)
-            ]
+            acc = [value(s) for s in summaries if (s["dataset"], s["name"], s["protocol"]) == (dataset, name, p)]
             if not acc:
                 cells.append("-")
                 continue

@@ -1,0 +1,450 @@
+"""Causal language modelling on the harness (task ``lm``): data module, Lightning module, results, generation.
+
+* **Data** (:class:`LMDataModule`): ``data.name`` ``english`` (the corpus of ``primaldual data fetch english``,
+  byte-level BPE; a missing corpus is a one-line error naming that command) or ``wikitext-103`` / ``wikitext-2``
+  (the user's WikiText files in ``data.root`` or the cache, read by :func:`~primaldual.data.wikitext.load_wikitext`:
+  word-level vocabulary, fairseq's rule). Each split's token stream is cut into contiguous, non-overlapping chunks
+  of ``data.max_len`` tokens (:class:`~primaldual.data.lm.TokenChunkDataset`); training drops the final partial
+  chunk, validation and test pad it (targets ``-100``), so every token of an evaluated split but its first is a
+  target exactly once. Batches are ``(tokens (B, T), targets (B, T))``.
+* **Model**: :class:`~primaldual.models.CausalLM` (``model.kind: lm``), vocabulary from the data.
+* **Loss** (:class:`LanguageModelModule`): mean token cross-entropy over the batch's targets (``ignore_index``
+  -100) + ``collect_aux_loss(model)`` (the primal layers' KSVD term).
+* **Evaluation**: the summed negative log-likelihood over every target token of the split divided by their count
+  (accumulated over batches in float64, not a mean of per-batch means); perplexity ``exp`` of it; bits per byte
+  from the split's UTF-8 size (:func:`~primaldual.data.lm.bits_per_byte`), when the whole split was evaluated.
+  The lowest validation loss selects the checkpoint (:data:`~primaldual.train.protocols.LM_HELDOUT`), which is
+  tested once. :func:`lm_results` adds the add-one unigram perplexity of the test targets
+  (:func:`~primaldual.data.lm.unigram_baseline`), the floor a model must beat, and test ppl / unigram ppl.
+* **Generation** (:func:`generate_text`, ``primaldual generate RUN_DIR --prompt TEXT``): the model rebuilt from the
+  run's ``config.yaml``, the checkpoint read in the safe mode, the prompt encoded with the run's own tokenizer
+  (``tokenizer.json`` or ``dict.txt``, copied into the run directory by ``fit``), decoded by
+  :meth:`~primaldual.models.CausalLM.generate`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from ..aux_loss import collect_aux_loss
+from ..data.cache import MissingDataError, dataset_dir
+from ..data.lm import IGNORE_INDEX, bits_per_byte, chunk_splits, unigram_baseline
+from ..options import check_int, check_number
+from ..utils.io import atomic_write_bytes
+from .config import ConfigError, DataConfig, OptimConfig, RunConfig, ScheduleConfig
+from .datamodule import TrainerEpochSampler
+from .module import ClassificationModule
+
+__all__ = [
+    "LMDataModule",
+    "LanguageModelModule",
+    "RunTokenizer",
+    "build_lm",
+    "generate_text",
+    "lm_results",
+    "lm_report",
+]
+
+_SPLITS = {"train": "train", "val": "valid", "test": "test"}  # harness split -> corpus split
+_VAL_SUBSET_SEED = 0  # data.val_size: the same chunks whatever the run seed
+TOKENIZER_FILE, DICTIONARY_FILE = "tokenizer.json", "dict.txt"  # the run directory's copy of the tokenizer
+
+
+class LMDataModule(L.LightningDataModule):
+    """Token chunks of one corpus: ``datasets`` ``{"train", "val", "test"}``, ``vocab_size``, ``max_len`` (tokens
+    per sample), ``streams`` (each split's token ids), ``split_bytes`` (UTF-8 size of each split's text) and
+    ``info``. Shuffling as :class:`~primaldual.train.datamodule.UEADataModule` (seeded, resumable mid-epoch).
+
+    Args:
+        cfg: data settings (``name``, ``root``, ``max_len``, batch sizes, ``val_size``). seed: shuffle seed.
+    """
+
+    def __init__(self, cfg: DataConfig, seed: int = 0) -> None:
+        super().__init__()
+        self.cfg, self.seed = cfg, seed
+        self.datasets: dict[str, Dataset] = {}
+
+    def prepare_data(self) -> None:
+        """Nothing to download: the English corpus is fetched by ``primaldual data fetch english``, WikiText by you."""
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        cfg, T = self.cfg, self.cfg.max_len
+        if T is None:
+            raise ConfigError("data.max_len: task 'lm' needs the tokens per sample (e.g. 512)")
+        if cfg.name == "english":
+            from ..data.english import load_english_metadata
+            from ..data.lm import load_english_lm
+
+            root = Path(cfg.root) if cfg.root is not None else dataset_dir("english")
+            chunks = load_english_lm(root, T)  # a missing corpus: MissingDataError naming `data fetch english`
+            meta = load_english_metadata(root)
+            self.tokenizer_source: Path = root / meta["tokenizer"]["file"]
+            self.dictionary = None
+            vocab = int(meta["tokenizer"]["vocab_size"])
+            split_bytes = {s: int(meta["splits"][c]["bytes"]) for s, c in _SPLITS.items()}
+            info: dict[str, Any] = {
+                "dataset": "english",
+                "source": str(root),
+                "tokenizer": meta["tokenizer"].get("type", "byte-level BPE"),
+                "tokenizer_sha256": meta["tokenizer"].get("sha256", ""),
+            }
+        else:
+            from ..data.wikitext import find_wikitext_files, load_wikitext
+
+            root = Path(cfg.root) if cfg.root is not None else dataset_dir(cfg.name)
+            try:
+                wt = load_wikitext(root, name=cfg.name)
+            except MissingDataError as e:
+                raise MissingDataError(f"{e}; or train on it: --data.name english") from None
+            files = find_wikitext_files(root)
+            chunks = chunk_splits(wt.tokens, T, pad_id=wt.dictionary.pad_index, info={"dataset": cfg.name})
+            self.tokenizer_source = files["train"]
+            self.dictionary = wt.dictionary
+            vocab = wt.vocab_size
+            split_bytes = {s: files[c].stat().st_size for s, c in _SPLITS.items()}
+            info = {"dataset": cfg.name, "source": str(files["train"].parent), "tokenizer": "words (fairseq dict)"}
+        self.datasets = {s: chunks[c] for s, c in _SPLITS.items()}
+        self.streams = {s: ds.tokens for s, ds in self.datasets.items()}
+        self.split_targets = {s: int(ds.num_targets) for s, ds in self.datasets.items()}
+        self.split_bytes = split_bytes
+        if cfg.val_size is not None and len(self.datasets["val"]) > cfg.val_size:
+            g = torch.Generator().manual_seed(_VAL_SUBSET_SEED)
+            pick = torch.randperm(len(self.datasets["val"]), generator=g)[: cfg.val_size].sort().values
+            self.datasets["val"] = Subset(self.datasets["val"], pick.tolist())
+        self.vocab_size, self.max_len = vocab, T
+        self.num_classes = None
+        self.sizes = {k: len(v) for k, v in self.datasets.items()}
+        self.info = dict(
+            info,
+            vocab_size=vocab,
+            tokens_per_sample=T,
+            **{f"{s}_tokens": int(len(t)) for s, t in self.streams.items()},
+            **{f"{s}_bytes": b for s, b in split_bytes.items()},
+        )
+
+    @property
+    def eval_splits(self) -> list[str]:
+        return ["val"]
+
+    def save_tokenizer(self, run_dir: str | os.PathLike) -> Path:
+        """Copy the tokenizer into the run directory (``tokenizer.json``, or WikiText's ``dict.txt``) if absent, so
+        that ``primaldual generate`` needs only the run directory."""
+        run_dir = Path(run_dir)
+        if self.dictionary is not None:
+            path = run_dir / DICTIONARY_FILE
+            if not path.is_file():
+                self.dictionary.save(path)
+            return path
+        path = run_dir / TOKENIZER_FILE
+        if not path.is_file():
+            atomic_write_bytes(path, self.tokenizer_source.read_bytes())
+        return path
+
+    def train_dataloader(self) -> DataLoader:
+        t = self.trainer
+        world, rank = (t.world_size, t.global_rank) if t is not None else (1, 0)
+        ds = self.datasets["train"]
+        accumulate = t.accumulate_grad_batches if t is not None else 1
+        sampler = TrainerEpochSampler(
+            ds, t, self.cfg.batch_size, accumulate, num_replicas=world, rank=rank, shuffle=True, seed=self.seed
+        )
+        return DataLoader(ds, batch_size=self.cfg.batch_size, sampler=sampler, num_workers=self.cfg.num_workers)
+
+    def _eval_loader(self, split: str) -> DataLoader:
+        return DataLoader(self.datasets[split], batch_size=self.cfg.eval_batch_size, shuffle=False)
+
+    def val_dataloader(self) -> list[DataLoader]:
+        return [self._eval_loader("val")]
+
+    def test_dataloader(self) -> DataLoader:
+        return self._eval_loader("test")
+
+
+def build_lm(cfg: RunConfig, vocab_size: int) -> nn.Module:
+    """The :class:`~primaldual.models.CausalLM` of ``cfg.model`` with ``data.max_len`` positions; ``vocab_size``
+    from the data (``model.vocab_size``, when set, must be at least that)."""
+    from ..models import CausalLM
+
+    m = cfg.model
+    vocab = m.vocab_size if m.vocab_size is not None else vocab_size
+    if vocab < vocab_size:
+        raise ConfigError(f"model.vocab_size: {vocab} is smaller than the data's vocabulary ({vocab_size})")
+    return CausalLM(
+        vocab,
+        cfg.data.max_len,
+        dim=m.dim,
+        depth=m.depth,
+        num_heads=m.num_heads,
+        ffn_dim=m.ffn_dim,
+        dropout=m.dropout,
+        attention=m.attention,
+        attention_options=m.attention_options,
+        positions=m.positions,
+        tie_embeddings=m.tie_embeddings,
+    )
+
+
+class LanguageModelModule(ClassificationModule):
+    """A causal LM on batches ``(tokens, targets)``: token cross-entropy + the layers' auxiliary (KSVD) losses.
+
+    Logged: ``train/loss`` (with the aux term), ``train/task_loss``, ``train/aux_loss``, and per evaluated split
+    ``<split>/loss`` (nats per target token: summed NLL / token count over the whole split), ``<split>/ppl``,
+    ``<split>/tokens`` and, when the whole split was evaluated and its byte count is known, ``<split>/bpb``.
+    The optimiser and schedule are :class:`~primaldual.train.module.ClassificationModule`'s.
+
+    Args:
+        model: ``model(ids, mask) -> logits (B, T, V)``. optim, schedule, total_steps: as the base class.
+        split_bytes: UTF-8 bytes of each split's text. split_targets: target tokens of each whole split.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optim: OptimConfig,
+        schedule: ScheduleConfig | None = None,
+        total_steps: int | None = None,
+        split_bytes: dict[str, int] | None = None,
+        split_targets: dict[str, int] | None = None,
+    ) -> None:
+        super().__init__(model, optim, ["val"], schedule, total_steps)
+        self.split_bytes = dict(split_bytes or {})
+        self.split_targets = dict(split_targets or {})
+        self._totals: dict[str, list[float]] = {}
+        #: the last evaluation of each split, exact (float64): {"nll": summed NLL, "tokens": count, "loss": nll/count}
+        self.results: dict[str, dict[str, float]] = {}
+
+    def _nll(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        """Summed token NLL (float32) and the number of target tokens of a batch."""
+        ids, targets = batch
+        real = targets != IGNORE_INDEX  # (B, T); padding only at the end of the split's last chunk
+        mask = None if bool(real.all()) else real
+        logits = self.model(ids, mask)  # (B, T, V)
+        nll = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(),
+            targets.reshape(-1),
+            ignore_index=IGNORE_INDEX,
+            reduction="sum",
+        )
+        return nll, real.sum()
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        nll, count = self._nll(batch)
+        task = nll / count.clamp_min(1)
+        aux = collect_aux_loss(self.model)
+        loss = task if aux is None else task + aux
+        kw: dict[str, Any] = {"batch_size": batch[0].shape[0], "sync_dist": True}
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, **kw)
+        self.log("train/task_loss", task, on_step=False, on_epoch=True, **kw)
+        self.log("train/aux_loss", 0.0 if aux is None else aux.detach(), on_step=False, on_epoch=True, **kw)
+        return loss
+
+    # evaluation: exact split totals, not means of batch means
+    def _start(self, split: str) -> None:
+        self._totals[split] = [0.0, 0]
+
+    def _add(self, split: str, batch: tuple[Tensor, Tensor]) -> None:
+        nll, count = self._nll(batch)
+        collect_aux_loss(self.model)  # nothing is recorded without gradients; cleared all the same
+        total = self._totals.setdefault(split, [0.0, 0])
+        total[0] += float(nll)
+        total[1] += int(count)
+
+    def _finish(self, split: str) -> None:
+        nll, count = self._totals.pop(split, [0.0, 0])
+        if count == 0:
+            return
+        loss = nll / count
+        self.results[split] = {"nll": nll, "tokens": count, "loss": loss}
+        kw: dict[str, Any] = {"sync_dist": True}  # every rank evaluates the whole split: equal values
+        self.log(f"{split}/loss", loss, prog_bar=split == "val", **kw)
+        self.log(f"{split}/ppl", math.exp(min(loss, 700.0)), **kw)
+        self.log(f"{split}/tokens", float(count), **kw)
+        if self.split_bytes.get(split) and self.split_targets.get(split) == count:
+            self.log(f"{split}/bpb", bits_per_byte(loss, count, self.split_bytes[split]), **kw)
+
+    def on_validation_epoch_start(self) -> None:
+        self._start("val")
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._add(self.eval_splits[dataloader_idx], batch)
+
+    def on_validation_epoch_end(self) -> None:
+        for split in self.eval_splits:
+            self._finish(split)
+
+    def on_test_epoch_start(self) -> None:
+        self._start("test")
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._add("test", batch)
+
+    def on_test_epoch_end(self) -> None:
+        self._finish("test")
+
+
+def lm_results(dm: LMDataModule, test: dict[str, float], best: dict[str, Any]) -> dict[str, Any]:
+    """The language-modelling part of ``summary.json``: test loss / perplexity / bits per byte of the selected
+    checkpoint, its validation figures, and the unigram floor of the test targets with test ppl / unigram ppl.
+
+    ``test``: :attr:`LanguageModelModule.results` ``["test"]`` (exact) or the metrics ``trainer.test`` returned."""
+    vocab = dm.vocab_size
+    targets = dm.streams["test"][1:]  # the tokens the model is scored on (every token but the first)
+    floor = unigram_baseline(dm.streams["train"], targets, vocab, dm.split_bytes["test"])
+    loss = float(test["loss"] if "loss" in test else test["test/loss"])
+    tokens = int(test["tokens"] if "tokens" in test else test["test/tokens"])
+    ppl = math.exp(loss)
+    out: dict[str, Any] = {
+        "tokens_per_sample": dm.max_len,
+        "vocab_size": vocab,
+        "val_loss": float(best["val/loss"]),
+        "val_ppl": math.exp(float(best["val/loss"])),
+        "test_loss": loss,
+        "test_ppl": ppl,
+        "test_bpb": bits_per_byte(loss, tokens, dm.split_bytes["test"]),
+        "test_tokens": tokens,
+        "test_bytes": dm.split_bytes["test"],
+        "unigram_test_ppl": floor["perplexity"],
+        "unigram_test_bpb": floor["bits_per_byte"],
+        "test_ppl_over_unigram": ppl / floor["perplexity"],
+        "evaluation": (
+            "non-overlapping chunks of tokens_per_sample; loss = summed NLL over every test target token / their count"
+        ),
+    }
+    return out
+
+
+def lm_report(cfg: RunConfig, summary: dict[str, Any], label: str) -> str:
+    """The lines ``fit`` prints at the end of a language-modelling run."""
+    s = summary
+    return (
+        f"\n{cfg.data.name} {cfg.name} [{label}]: test perplexity {s['test_ppl']:.2f}, {s['test_bpb']:.4f} bits per "
+        f"byte (step {s['best_step']} of {s['steps']}); unigram perplexity {s['unigram_test_ppl']:.2f}, "
+        f"test ppl / unigram ppl {s['test_ppl_over_unigram']:.4f}\nrun directory: {s['run_dir']} "
+        "(config.yaml, history.csv, logs/*/metrics.csv, checkpoints/, summary.json)"
+    )
+
+
+# ----------------------------------------------------------------------------------------------- generation
+class RunTokenizer:
+    """The tokenizer of a language-model run: ``encode(text) -> ids``, ``decode(ids) -> text``, ``vocab_size``.
+
+    English (byte-level BPE): the run's ``tokenizer.json`` (else the corpus's). WikiText: the run's ``dict.txt``
+    (words split on whitespace, unknown words -> ``<unk>``; ``</s>`` decodes as a line break).
+    """
+
+    def __init__(self, cfg: RunConfig, run_dir: str | os.PathLike) -> None:
+        run_dir = Path(run_dir)
+        self.kind = "bpe" if cfg.data.name == "english" else "words"
+        if self.kind == "bpe":
+            path = run_dir / TOKENIZER_FILE
+            if not path.is_file():
+                root = Path(cfg.data.root) if cfg.data.root is not None else dataset_dir("english")
+                path = root / TOKENIZER_FILE
+            if not path.is_file():
+                raise FileNotFoundError(
+                    f"{run_dir}: no {TOKENIZER_FILE} in the run directory or the corpus ({path}); "
+                    "fetch the corpus with `primaldual data fetch english`"
+                )
+            try:
+                from tokenizers import Tokenizer
+            except ImportError:
+                raise MissingDataError(
+                    "the BPE tokenizer needs Hugging Face tokenizers: `pip install tokenizers`"
+                ) from None
+            self._tok = Tokenizer.from_file(str(path))
+            self.vocab_size = int(self._tok.get_vocab_size())
+        else:
+            from ..data.wikitext import WordDictionary
+
+            path = run_dir / DICTIONARY_FILE
+            if not path.is_file():
+                raise FileNotFoundError(
+                    f"{run_dir}: no {DICTIONARY_FILE} (the word dictionary `primaldual fit` writes into the run "
+                    "directory); run the same `primaldual fit` command once to write it"
+                )
+            self._dict = WordDictionary.load(path)
+            self.vocab_size = len(self._dict)
+        self.path = path
+
+    def encode(self, text: str) -> list[int]:
+        if self.kind == "bpe":
+            return list(self._tok.encode(text, add_special_tokens=False).ids)
+        return self._dict.encode_line(text, append_eos=False)
+
+    def decode(self, ids: list[int]) -> str:
+        if self.kind == "bpe":
+            return self._tok.decode(ids, skip_special_tokens=False)
+        return self._dict.string(ids)
+
+
+def generate_text(
+    run_dir: str | os.PathLike,
+    prompt: str,
+    max_new_tokens: int = 50,
+    *,
+    ckpt: str = "best",
+    seed: int | None = 0,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+) -> str:
+    """Continue ``prompt`` with the language model of a run; returns the decoded prompt and continuation.
+
+    The model is rebuilt from the run's ``config.yaml``, the checkpoint (``best``, ``last`` or a path) read in the
+    safe mode and checked against it, and the prompt encoded with the run's tokenizer (:class:`RunTokenizer`).
+
+    Raises:
+        FileNotFoundError: no such run directory, config or checkpoint. ValueError: an empty prompt, a prompt that
+            with ``max_new_tokens`` needs more positions than the model has, a bad number, or not an LM run.
+    """
+    from .checkpoints import check_fits, load_checkpoint
+    from .run import run_config
+
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError("--prompt: empty; give the text to continue")
+    check_int("--max-new-tokens", max_new_tokens, low=0)
+    check_number("--temperature", temperature, low=0.0)
+    check_int("--top-k", top_k, low=1, allow_none=True)
+    check_int("--seed", seed, low=0, allow_none=True)
+    run_dir = Path(run_dir)
+    cfg = run_config(run_dir)  # FileNotFoundError for a directory that is not a run
+    if cfg.task != "lm":
+        raise ValueError(f"{run_dir}: a {cfg.task!r} run, not a language model (task 'lm')")
+    tok = RunTokenizer(cfg, run_dir)
+    ids = tok.encode(prompt)
+    if not ids:
+        raise ValueError(f"--prompt: {prompt!r} encodes to no tokens")
+    positions = cfg.data.max_len
+    if len(ids) + max_new_tokens > positions:
+        raise ValueError(
+            f"--prompt: {len(ids)} tokens + --max-new-tokens {max_new_tokens} = {len(ids) + max_new_tokens} exceeds "
+            f"the model's {positions} positions (data.max_len); shorten the prompt or generate fewer tokens"
+        )
+    path = run_dir / "checkpoints" / f"{ckpt}.ckpt" if ckpt in ("best", "last") else Path(ckpt)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} not found")
+    state = load_checkpoint(path)  # safe: refuses anything but tensors and plain data
+    holder = nn.Module()
+    holder.model = build_lm(cfg, tok.vocab_size)  # keys "model.*", as in the Lightning module
+    check_fits(holder, state, path, str(run_dir / "config.yaml"))
+    holder.load_state_dict(state["state_dict"])
+    model = holder.model.eval()
+    out, mask = model.generate(
+        torch.tensor([ids], dtype=torch.long),
+        None,
+        max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        seed=seed,
+    )
+    return tok.decode(out[0][mask[0]].tolist())
