@@ -579,6 +579,7 @@ def config_dir() -> Path:
 # --- composition -------------------------------------------------------------------------------------------------
 
 _BASE, _TASKS, _MODELS, _BUDGETS = "_base.yaml", "_tasks", "_models", "_budgets"
+_TASK_TABLE = "_tasks.yaml"  # a family may keep its (small) task fragments in one mapping: {task: fragment}
 _MAPS = {"models": _MODELS, "budgets": _BUDGETS}  # task-file maps: values per model / per budget
 _PLAN_KEYS = ("plan", "primal_options", "base", "base_options", "primal_layers")
 _MISSING = "???"
@@ -604,6 +605,12 @@ class _Composed:
     def part(self, folder: str, stem: str) -> Path:
         return self.family / folder / f"{stem}.yaml"
 
+    @property
+    def task_file(self) -> Path:
+        """The task's own file, or the family's task table when the task is an entry there."""
+        own = self.part(_TASKS, self.task)
+        return own if own.is_file() else self.family / _TASK_TABLE
+
 
 def _show(path: Path) -> str:
     """A file as messages and :func:`describe_config` name it: relative to :func:`config_dir` when inside it."""
@@ -624,6 +631,25 @@ def _is_fragment(path: Path) -> bool:
 
 def _stems(folder: Path) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def _task_table(family: Path) -> dict[str, Any]:
+    """The family's task table (``_tasks.yaml``: ``{task: fragment}``), or ``{}``."""
+    path = family / _TASK_TABLE
+    if not path.is_file():
+        return {}
+    table = _read(path)
+    for task, fragment in table.items():
+        if not isinstance(task, str) or task.startswith("_") or "/" in task:
+            raise ConfigError(f"{path}: task names must be plain names, got {task!r}")
+        if not isinstance(fragment, dict):
+            raise ConfigError(f"{path}: task {task!r}: expected a mapping, got {type(fragment).__name__}")
+    return table
+
+
+def _tasks(family: Path) -> list[str]:
+    """Task names of a family: its ``_tasks/`` files and its task table's entries."""
+    return sorted({*_stems(family / _TASKS), *_task_table(family)})
 
 
 def _families() -> list[Path]:
@@ -651,10 +677,11 @@ def _composed(name: str) -> _Composed | None:
         task, model = parts[-n + 1], parts[-1]
         budget = parts[-2] if with_budget else None
         c = _Composed(name.strip("/"), family, task, model, budget)
-        needed = [family / _BASE, c.part(_TASKS, task), c.part(_MODELS, model)]
+        needed = [family / _BASE, c.part(_MODELS, model)]
         if budget is not None:
             needed.append(c.part(_BUDGETS, budget))
-        if all(p.is_file() for p in needed):
+        has_task = c.part(_TASKS, task).is_file() or (family.is_dir() and task in _task_table(family))
+        if has_task and all(p.is_file() for p in needed):
             return c
     return None
 
@@ -666,7 +693,7 @@ def _not_found(spec: str) -> ConfigError:
         rel = fam.relative_to(config_dir()).as_posix()
         if spec.startswith(rel + "/") and len(parts) >= 3:
             hint = (
-                f"; {rel}/<task>/[<budget>/]<model> is composed from tasks {_stems(fam / _TASKS)}, "
+                f"; {rel}/<task>/[<budget>/]<model> is composed from tasks {_tasks(fam)}, "
                 f"models {_stems(fam / _MODELS)}, budgets {_stems(fam / _BUDGETS)}"
             )
     return ConfigError(
@@ -701,15 +728,22 @@ def _task_file_family(path: Path) -> Path | None:
     """The family of a task file (``<family>/_tasks/<task>.yaml``), else None."""
     if path.parent.name == _TASKS and (path.parent.parent / _BASE).is_file():
         return path.parent.parent
+    if path.name == _TASK_TABLE and (path.parent / _BASE).is_file():
+        return path.parent
     return None
 
 
-def _check_layer(values: dict[str, Any], path: Path, *, family: Path | None, entry: str = "") -> None:
-    """Unknown keys, wrong shapes and misplaced composition keys of one file (or one ``models:`` entry)."""
+def _check_layer(
+    values: dict[str, Any], path: Path, *, family: Path | None, entry: str = "", table_entry: bool = False
+) -> None:
+    """Unknown keys, wrong shapes and misplaced composition keys of one file (or one ``models:`` entry, or one
+    task of a task table, which may hold the per-model / per-budget maps but no ``defaults``)."""
     where = f"{path}: "
     top = {f.name for f in fields(RunConfig)} | {"vars"}
     if not entry:
         top |= {"defaults"} | (set(_MAPS) if family is not None else set())
+    if table_entry:
+        top |= set(_MAPS)
     if _is_fragment(path):
         top.discard("name")  # the run name comes from the config's own file or name, never from a fragment
     for key, value in values.items():
@@ -814,17 +848,29 @@ class _Composer:
             )
         return self.file(target, stack)
 
+    def table_entry(self, c: _Composed) -> dict[str, Any]:
+        """The task's fragment from the family's task table (checked like a task file; no ``defaults``)."""
+        path = c.family / _TASK_TABLE
+        raw = copy.deepcopy(_task_table(c.family)[c.task])
+        if "defaults" in raw:
+            raise ConfigError(f"{path}: task {c.task!r}: a task-table entry cannot have defaults")
+        _check_layer(raw, path, family=c.family, entry=f"{c.task}.", table_entry=True)
+        self.sources.append(f"{_show(path)} ({c.task})")
+        return raw
+
     def composed(self, c: _Composed, stack: tuple[str, ...]) -> dict[str, Any]:
         """Base, task, model, budget overlay, then the task's entries for this model and budget."""
         stack = self._enter(c.name, stack)
         values = self.file(c.family / _BASE, stack)
-        task = self.file(c.part(_TASKS, c.task), stack)
+        task = self.file(c.part(_TASKS, c.task), stack) if c.task_file.name != _TASK_TABLE else self.table_entry(c)
         per = {k: task.pop(k, None) or {} for k in _MAPS}
         _merge(values, task)
         _merge(values, self.file(c.part(_MODELS, c.model), stack))
         if c.budget is not None:
             _merge(values, self.file(c.part(_BUDGETS, c.budget), stack))
-        task_file = _show(c.part(_TASKS, c.task))
+        task_file = (
+            _show(c.part(_TASKS, c.task)) if c.task_file.name != _TASK_TABLE else f"{_show(c.task_file)} ({c.task})"
+        )
         for key, name in (("models", c.model), ("budgets", c.budget)):
             if per[key].get(name):
                 _merge(values, per[key][name])
@@ -950,7 +996,7 @@ def list_configs(prefix: str = "") -> list[str]:
     for fam in _families():
         rel = fam.relative_to(root).as_posix()
         budgets = [None, *_stems(fam / _BUDGETS)]
-        for task in _stems(fam / _TASKS):
+        for task in _tasks(fam):
             for model in _stems(fam / _MODELS):
                 names.update(f"{rel}/{task}/{b + '/' if b else ''}{model}" for b in budgets)
     return sorted(n for n in names if n.startswith(prefix))
@@ -962,7 +1008,7 @@ def find_config(spec: str) -> Path:
     target = _lookup(spec)
     if target is None:
         raise _not_found(spec)
-    return target.part(_TASKS, target.task) if isinstance(target, _Composed) else target
+    return target.task_file if isinstance(target, _Composed) else target
 
 
 def describe_config(spec: str | Path) -> list[str]:

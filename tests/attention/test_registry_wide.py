@@ -205,8 +205,14 @@ def test_registry_listing_has_capabilities():
     assert {"softmax", "linear", "sparse"} <= {i.name for i in pd.list_attentions()}
 
 
+def _first_per_mechanism(cases: list) -> list:
+    """One option set per mechanism: compilation is per code path, the option variants are checked eagerly."""
+    seen: set[str] = set()
+    return [c for c in cases if not (c.values[0] in seen or seen.add(c.values[0]))]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name,opts,causal", [c for c in CASES if not c.values[2]])
+@pytest.mark.parametrize("name,opts,causal", _first_per_mechanism([c for c in CASES if not c.values[2]]))
 def test_torch_compile_agrees(name, opts, causal):
     layer = _build(name, opts, causal, dtype=torch.float32)
     x = torch.randn(2, N, DIM)
