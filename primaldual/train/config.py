@@ -51,6 +51,8 @@ __all__ = [
     "DataConfig",
     "ModelConfig",
     "OptimConfig",
+    "RLConfig",
+    "RL_TASK",
     "RunConfig",
     "ScheduleConfig",
     "TrainerConfig",
@@ -70,8 +72,9 @@ PROTOCOLS = ("heldout", "paper")
 OPTIMIZERS = ("radam", "adam", "adamw", "sgd")
 LRA_TASKS = ("lra_listops", "lra_text", "lra_retrieval", "lra_image", "lra_pathfinder")
 LM_TASK = "lm"
-TASKS = ("uea", *LRA_TASKS, LM_TASK)
-MODEL_KINDS = ("auto", "timeseries", "sequence", "retrieval", "lm")
+RL_TASK = "offline_rl"
+TASKS = ("uea", *LRA_TASKS, LM_TASK, RL_TASK)
+MODEL_KINDS = ("auto", "timeseries", "sequence", "retrieval", "lm", "dt")
 DECAYS = ("constant", "linear", "cosine", "inverse_sqrt")
 # data.name values of task lm: the obtainable English corpus, or WikiText files the user provides (data.root)
 LM_DATASETS: tuple[str, ...] = ("english", "wikitext-103", "wikitext-2")
@@ -140,10 +143,22 @@ class ModelConfig:
     pooling: str = "mean"
     tie_embeddings: bool = True
 
+    def backbone_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments every task model passes to its encoder stack (sizes and attention plan)."""
+        return {
+            "dim": self.dim,
+            "depth": self.depth,
+            "num_heads": self.num_heads,
+            "ffn_dim": self.ffn_dim,
+            "dropout": self.dropout,
+            "attention": self.attention,
+            "attention_options": self.attention_options,
+        }
+
     def resolved_kind(self, task: str) -> str:
         if self.kind != "auto":
             return self.kind
-        return {"uea": "timeseries", "lra_retrieval": "retrieval", LM_TASK: "lm"}.get(task, "sequence")
+        return {"uea": "timeseries", "lra_retrieval": "retrieval", LM_TASK: "lm", RL_TASK: "dt"}.get(task, "sequence")
 
 
 @dataclass
@@ -190,6 +205,22 @@ class TrainerConfig:
 
 
 @dataclass
+class RLConfig:
+    """Offline RL (task ``offline_rl``, see :mod:`primaldual.train.rl`): the Decision Transformer's episode and
+    rollout settings. ``max_ep_len``: the model's timestep table and the rollouts' episode cap; ``return_scale``:
+    returns-to-go are divided by it; ``target_returns``: the returns the periodic evaluation conditions on (None:
+    the reference targets of the environment, e.g. Hopper 3600 / 1800); ``eval_episodes`` per target, seeded
+    ``eval_seed + i``; ``action_tanh``: tanh on the predicted actions. The context K is ``data.max_len``."""
+
+    max_ep_len: int = 1000
+    return_scale: float = 1000.0
+    target_returns: Any = None
+    eval_episodes: int = 10
+    eval_seed: int = 0
+    action_tanh: bool = True
+
+
+@dataclass
 class RunConfig:
     """One training run. ``name`` names the run directory; ``protocol`` is ``heldout`` or ``paper``."""
 
@@ -202,6 +233,7 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -221,6 +253,8 @@ class RunConfig:
                 node.pop(key, None)
         if d["schedule"] == defaults["schedule"]:
             d.pop("schedule")
+        if d["rl"] == defaults["rl"]:
+            d.pop("rl")
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
 
     @property
@@ -320,6 +354,10 @@ def _validate(cfg: RunConfig) -> None:
     d = cfg.data
     if cfg.task == "uea":
         _path_part("data.name", d.name)
+    elif cfg.task == RL_TASK:
+        _path_part("data.name", d.name)
+        if d.max_len is None:
+            raise ConfigError("data.max_len: task 'offline_rl' needs the context K in timesteps (e.g. 20)")
     elif cfg.task == LM_TASK:
         if d.name not in LM_DATASETS:
             raise ConfigError(f"data.name: task 'lm' takes one of {LM_DATASETS}, got {d.name!r}")
@@ -348,7 +386,11 @@ def _validate(cfg: RunConfig) -> None:
     if m.kind not in MODEL_KINDS:
         raise ConfigError(f"model.kind: expected one of {MODEL_KINDS}, got {m.kind!r}")
     kind = m.resolved_kind(cfg.task)
-    if (kind == "timeseries") != (cfg.task == "uea") or (kind == "lm") != (cfg.task == LM_TASK):
+    if (
+        (kind == "timeseries") != (cfg.task == "uea")
+        or (kind == "lm") != (cfg.task == LM_TASK)
+        or (kind == "dt") != (cfg.task == RL_TASK)
+    ):
         raise ConfigError(f"model.kind: {kind!r} does not fit task {cfg.task!r}")
     if m.positions not in ("learned", "sinusoidal"):
         raise ConfigError(f"model.positions: expected 'learned' or 'sinusoidal', got {m.positions!r}")
@@ -368,7 +410,20 @@ def _validate(cfg: RunConfig) -> None:
             raise ConfigError("model.norm_first: the causal LM (model.kind 'lm') is pre-LN; set it to true")
         if m.num_classes is not None:
             raise ConfigError("model.num_classes: a language model has no classes; set it to null")
-    _validate_attention(m, causal=kind == "lm")
+    _validate_attention(m, causal=kind in ("lm", "dt"))
+    r = cfg.rl
+    check_int("rl.max_ep_len", r.max_ep_len, low=1)
+    check_number("rl.return_scale", r.return_scale, low=0, low_open=True)
+    check_int("rl.eval_episodes", r.eval_episodes, low=1)
+    check_int("rl.eval_seed", r.eval_seed, low=0)
+    check_bool("rl.action_tanh", r.action_tanh)
+    t_r = r.target_returns
+    if t_r is not None and not (
+        isinstance(t_r, list | tuple)
+        and t_r
+        and all(not isinstance(x, bool) and isinstance(x, int | float) for x in t_r)
+    ):
+        raise ConfigError(f"rl.target_returns: expected null or a list of numbers, got {t_r!r}")
 
     o = cfg.optim
     if o.name not in OPTIMIZERS:
@@ -550,6 +605,7 @@ _SECTIONS = {
     "optim": OptimConfig,
     "schedule": ScheduleConfig,
     "trainer": TrainerConfig,
+    "rl": RLConfig,
 }
 
 
@@ -1068,5 +1124,9 @@ def apply_overrides(cfg: RunConfig, args: list[str]) -> RunConfig:
 
 
 def dump_config(cfg: RunConfig) -> str:
-    """YAML text of a resolved config (what the run directory stores)."""
-    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+    """YAML text of a resolved config (what the run directory stores). The ``rl`` section appears only in offline RL
+    runs (or when set), so the stored configs of other runs read as they always did (and still resume)."""
+    d = cfg.to_dict()
+    if cfg.task != RL_TASK and d["rl"] == asdict(RLConfig()):
+        d.pop("rl")
+    return yaml.safe_dump(d, sort_keys=False)

@@ -183,14 +183,8 @@ def build_lm(cfg: RunConfig, vocab_size: int) -> nn.Module:
     return CausalLM(
         vocab,
         cfg.data.max_len,
-        dim=m.dim,
-        depth=m.depth,
-        num_heads=m.num_heads,
-        ffn_dim=m.ffn_dim,
-        dropout=m.dropout,
-        attention=m.attention,
-        attention_options=m.attention_options,
         positions=m.positions,
+        **m.backbone_kwargs(),
         tie_embeddings=m.tie_embeddings,
     )
 

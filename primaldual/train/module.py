@@ -14,9 +14,20 @@ from torch import Tensor, nn
 from ..aux_loss import collect_aux_loss
 from .config import OptimConfig, ScheduleConfig
 
-__all__ = ["ClassificationModule", "lr_factor"]
+__all__ = ["ClassificationModule", "build_optimizer", "lr_factor"]
 
 _OPTIMIZERS = {"radam": torch.optim.RAdam, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
+
+
+def build_optimizer(optim: OptimConfig, params: Any) -> torch.optim.Optimizer:
+    """The optimiser of ``optim`` (betas / eps passed to the Adam family only) over ``params``."""
+    kw: dict[str, Any] = {"lr": optim.lr, "weight_decay": optim.weight_decay}
+    if optim.name != "sgd":
+        if optim.betas is not None:
+            kw["betas"] = tuple(optim.betas)
+        if optim.eps is not None:
+            kw["eps"] = optim.eps
+    return _OPTIMIZERS[optim.name](params, **kw)
 
 
 class ClassificationModule(L.LightningModule):
@@ -83,14 +94,7 @@ class ClassificationModule(L.LightningModule):
         self.log("test/acc", acc, on_epoch=True, batch_size=bs, sync_dist=True)
 
     def configure_optimizers(self) -> Any:
-        o = self.optim
-        kw: dict[str, Any] = {"lr": o.lr, "weight_decay": o.weight_decay}
-        if o.name != "sgd":
-            if o.betas is not None:
-                kw["betas"] = tuple(o.betas)
-            if o.eps is not None:
-                kw["eps"] = o.eps
-        opt = _OPTIMIZERS[o.name](self.parameters(), **kw)
+        opt = build_optimizer(self.optim, self.parameters())
         sch = self.schedule
         if sch.warmup_steps == 0 and sch.decay == "constant":
             return opt

@@ -44,7 +44,7 @@ from ..options import check_int
 from ..utils.io import atomic_write_json, atomic_write_text
 from .callbacks import AtomicCheckpointIO, EpochHistory, EpochSeed
 from .checkpoints import check_fits, load_checkpoint, resume_checkpoint
-from .config import LM_TASK, ConfigError, RunConfig, check_machine, dump_config, load_config
+from .config import LM_TASK, RL_TASK, ConfigError, RunConfig, check_machine, dump_config, load_config
 from .datamodule import UEADataModule
 from .lm import LanguageModelModule, LMDataModule, build_lm, lm_report, lm_results
 from .lock import LOCK_NAME, RunLock
@@ -59,6 +59,7 @@ __all__ = [
     "default_run_dir",
     "evaluate",
     "fit",
+    "prepare_run_dir",
     "run_config",
     "set_threads",
 ]
@@ -154,7 +155,7 @@ def _clear_run_dir(run_dir: Path) -> None:
             p.unlink()
 
 
-def _prepare_run_dir(cfg: RunConfig, run_dir: Path, fresh: bool, verbose: bool) -> None:
+def prepare_run_dir(cfg: RunConfig, run_dir: Path, fresh: bool, verbose: bool) -> None:
     """``--fresh`` clearing and ``config.yaml`` (written, or compared with the one there). The caller holds the lock."""
     text = dump_config(cfg)
     launcher = _is_launcher_process()
@@ -227,8 +228,12 @@ def fit(
         cfg: the resolved config. run_dir: default :func:`default_run_dir`. fresh: delete the run dir first.
         verbose: per-epoch lines and the final report on stdout (rank 0).
     """
-    protocol = get_protocol(cfg.protocol, cfg.task)
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
+    if cfg.task == RL_TASK:  # offline RL: its own loop (rollout evaluation), the same run directory and lock
+        from .rl import fit_rl
+
+        return fit_rl(cfg, run_dir, fresh=fresh, verbose=verbose)
+    protocol = get_protocol(cfg.protocol, cfg.task)
     launcher = _is_launcher_process()
     check_machine(cfg)
     lock = RunLock(run_dir)
@@ -243,7 +248,7 @@ def fit(
     dm.setup("fit")
     module = build_module(cfg, dm)
     with lock.acquire(action) if launcher else contextlib.nullcontext():
-        _prepare_run_dir(cfg, run_dir, fresh, verbose)
+        prepare_run_dir(cfg, run_dir, fresh, verbose)
         if launcher and isinstance(dm, LMDataModule):
             dm.save_tokenizer(run_dir)  # primaldual generate needs only the run directory
         return _fit(cfg, run_dir, protocol, dm, module, verbose)
@@ -379,6 +384,11 @@ def evaluate(
         if run_dir is None:
             raise ValueError("evaluate: give a config or a run directory")
         cfg = run_config(run_dir)
+    if cfg.task == RL_TASK:
+        raise ConfigError(
+            "offline_rl runs are evaluated by rollouts during fit (history.csv; the final checkpoint's scores are in "
+            "summary.json); validate / test do not apply"
+        )
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
     path = run_dir / "checkpoints" / f"{ckpt}.ckpt" if ckpt in ("best", "last") else Path(ckpt)
     if ckpt in ("best", "last") and not run_dir.is_dir():

@@ -89,10 +89,13 @@ def format_table(summaries: list[dict[str, Any]], command: str | None = None) ->
     datasets = list(dict.fromkeys(s["dataset"] for s in summaries))
     several = len(datasets) > 1
     lm = all(s.get("task") == "lm" for s in summaries)
+    rl = all(s.get("task") == "offline_rl" for s in summaries)
     label = (lambda p: get_protocol(p, "lm").label) if lm else (lambda p: get_protocol(p).label)
     value = (lambda s: s["test_ppl"]) if lm else (lambda s: 100 * s["test_acc"])
+    if rl:  # offline RL: the final checkpoint's mean normalised score (no selection)
+        label, value = (lambda p: "final checkpoint"), (lambda s: s["normalized_score_mean"])
     head = (["dataset"] if several else []) + ["model"] + [label(p) for p in protocols]
-    what = "Test perplexity" if lm else "Test accuracy (%)"
+    what = "Test perplexity" if lm else "D4RL normalised score" if rl else "Test accuracy (%)"
     lines = [f"{what} on {', '.join(datasets)}, mean +- std over seeds", ""]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for dataset, name in rows:
@@ -105,6 +108,9 @@ def format_table(summaries: list[dict[str, Any]], command: str | None = None) ->
             sd = statistics.stdev(acc) if len(acc) > 1 else 0.0
             cells.append(f"{statistics.mean(acc):.2f} +- {sd:.2f} (n={len(acc)})")
         lines.append("| " + " | ".join(cells) + " |")
+    behaviour = {s["dataset"]: s["behaviour_policy"] for s in summaries if rl and s.get("behaviour_policy")}
+    for dataset, b in behaviour.items():
+        lines += ["", f"{dataset}: behaviour policy normalised score {b['normalized_score_mean']:.2f}"]
     if command:
         lines += ["", f"Command: `{command}`"]
     return "\n".join(lines)

@@ -1,0 +1,173 @@
+"""Offline RL on the harness (task ``offline_rl``): a tiny D4RL-layout HDF5 written here, a tiny Decision
+Transformer, 2 steps, one short rollout per evaluation."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from primaldual.cli import main
+from primaldual.train.config import ConfigError, load_config
+
+h5py = pytest.importorskip("h5py")
+pytest.importorskip("gymnasium")
+pytest.importorskip("mujoco")
+
+
+@pytest.fixture(scope="module")
+def hopper_dir(tmp_path_factory):
+    """200 transitions of Hopper's sizes (11 / 3) in 4 trajectories, and a metadata.json with a behaviour score."""
+    root = tmp_path_factory.mktemp("hopper-medium")
+    rng = np.random.default_rng(0)
+    n = 200
+    terminals = np.zeros(n, bool)
+    timeouts = np.zeros(n, bool)
+    terminals[[39, 99]] = True
+    timeouts[[149, 199]] = True
+    with h5py.File(root / "hopper-medium.hdf5", "w") as f:
+        f["observations"] = rng.normal(size=(n, 11)).astype(np.float32)
+        f["actions"] = rng.uniform(-1, 1, size=(n, 3)).astype(np.float32)
+        f["rewards"] = rng.uniform(0, 1, size=n).astype(np.float32)
+        f["terminals"] = terminals
+        f["timeouts"] = timeouts
+    meta = {"label": "test data", "behaviour_policy": {"medium": {"normalized_score_mean": 6.5, "episodes": 10}}}
+    (root / "metadata.json").write_text(json.dumps(meta))
+    return root
+
+
+def _config(tmp_path, root, attention="softmax", **changes) -> str:
+    cfg = {
+        "defaults": ["rl/hopper-medium/dt"],
+        "name": "tiny",
+        "data": {"root": str(root), "max_len": 4, "batch_size": 4},
+        "model": {"dim": 16, "num_heads": 1, "ffn_dim": 32, "depth": 2, "attention": attention},
+        "schedule": {"warmup_steps": 1},
+        "trainer": {"max_steps": 2, "val_check_interval": 1},
+        "rl": {"max_ep_len": 20, "eval_episodes": 1, "target_returns": [3600]},
+    }
+    for k, v in changes.items():
+        cfg[k] = {**cfg.get(k, {}), **v}
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def _fit(tmp_path, root, run_dir, **kw) -> int:
+    return main(["fit", "--threads", "1", "--config", _config(tmp_path, root, **kw), "--run-dir", str(run_dir)])
+
+
+def test_fit_writes_summary_with_scores_and_behaviour(tmp_path, hopper_dir):
+    run = tmp_path / "run"
+    assert _fit(tmp_path, hopper_dir, run) == 0
+    s = json.loads((run / "summary.json").read_text())
+    assert s["task"] == "offline_rl" and s["protocol"] == "heldout" and s["steps"] == 2 and s["evaluations"] == 2
+    assert s["reported_checkpoint"].startswith("final")
+    assert np.isfinite(s["normalized_score_mean"]) and s["normalized_score_std"] >= 0
+    assert "target3600/return_mean" in s["final"]
+    assert s["behaviour_policy"]["normalized_score_mean"] == 6.5
+    assert len(s["state_mean"]) == 11 and len(s["state_std"]) == 11
+    state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert state["step"] == 2 and state["state_mean"].shape == (11,)
+    assert (run / "history.csv").read_text().count("\n") == 3  # header + 2 evaluations
+    assert main(["test", "--run-dir", str(run)]) == 2  # evaluated during fit: one error line, not a crash
+
+
+def test_resume_continues_from_last_checkpoint(tmp_path, hopper_dir):
+    run = tmp_path / "run"
+    assert _fit(tmp_path, hopper_dir, run, trainer={"max_steps": 1}) == 0
+    # the same run carried on to 2 steps must equal a 2-step run from scratch (config differs: a new directory)
+    cfg_path = run / "config.yaml"
+    cfg = yaml.safe_load(cfg_path.read_text())
+    cfg["trainer"]["max_steps"] = 2
+    cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))  # as if the run had been started with 2 steps
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["step"] == 1
+    assert main(["fit", "--threads", "1", "--config", str(cfg_path), "--run-dir", str(run)]) == 0
+    resumed = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    fresh = tmp_path / "fresh"
+    assert _fit(tmp_path, hopper_dir, fresh) == 0
+    straight = torch.load(fresh / "checkpoints" / "last.ckpt", weights_only=True)
+    assert resumed["step"] == 2 and len(resumed["history"]) == 2
+    for k, v in straight["model"].items():
+        torch.testing.assert_close(resumed["model"][k], v)
+
+
+def test_primal_plus_trains_with_the_ksvd_term(tmp_path, hopper_dir):
+    run = tmp_path / "run"
+    opts = [None, {"s": 4, "eta": 0.05, "ksvd_reduction": "sample"}]
+    rc = _fit(tmp_path, hopper_dir, run, model={"attention": ["softmax", "primal"], "attention_options": opts})
+    assert rc == 0
+    assert json.loads((run / "summary.json").read_text())["attention"] == ["softmax", "primal"]
+
+
+def test_bundled_configs_compose():
+    for name, attn in (("dt", "softmax"), ("primal_plus", ["softmax", "softmax", "primal"])):
+        cfg = load_config(f"rl/hopper-medium/{name}")
+        assert cfg.task == "offline_rl" and cfg.model.kind == "dt" and cfg.model.attention == attn
+        assert cfg.data.max_len == 20 and cfg.data.batch_size == 64 and cfg.trainer.gradient_clip_val == 0.25
+    assert load_config("rl/hopper-medium/primal_plus").model.attention_options[-1]["s"] == 96
+
+
+def _one_error_line(capsys, argv: list[str]) -> str:
+    rc = main(argv)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert rc == 2, err
+    assert len(lines) == 1 and lines[0].startswith("primaldual fit: error: "), err
+    return lines[0]
+
+
+def test_missing_data_is_one_line_naming_the_generate_command(capsys, tmp_path):
+    cfg = _config(tmp_path, tmp_path / "nowhere")
+    line = _one_error_line(capsys, ["fit", "--config", cfg, "--run-dir", str(tmp_path / "run")])
+    assert "primaldual data generate d4rl" in line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        (["--rl.eval_episodes", "0"], "rl.eval_episodes"),
+        (["--rl.target_returns", "abc"], "rl.target_returns"),
+        (["--data.max_len", "null"], "data.max_len"),
+        (["--model.kind", "lm"], "model.kind"),
+        (["--data.name", "pong-medium"], "data.name"),
+    ],
+)
+def test_bad_inputs_are_one_error_line(capsys, tmp_path, hopper_dir, override, key):
+    argv = ["fit", "--config", _config(tmp_path, hopper_dir), "--run-dir", str(tmp_path / "run"), *override]
+    assert key in _one_error_line(capsys, argv)
+    assert not (tmp_path / "run").exists()
+
+
+def test_rl_section_leaves_other_configs_alone():
+    from primaldual.train.config import RunConfig, dump_config
+
+    assert "rl:" not in dump_config(RunConfig())
+    with pytest.raises(ConfigError, match="model.kind"):
+        load_config(None, ["--task", "offline_rl", "--data.max_len", "20", "--model.kind", "timeseries"])
+
+
+def test_seeds_table_reports_final_scores_beside_the_behaviour_policy():
+    from primaldual.train.seeds import format_table
+
+    b = {"normalized_score_mean": 6.5}
+    runs = [
+        {
+            "task": "offline_rl",
+            "dataset": "hopper-medium",
+            "name": "dt",
+            "protocol": "heldout",
+            "seed": k,
+            "normalized_score_mean": v,
+            "behaviour_policy": b,
+        }
+        for k, v in enumerate((6.0, 7.0))
+    ]
+    table = format_table(runs)
+    assert "final checkpoint" in table and "6.50 +- 0.71 (n=2)" in table
+    assert "behaviour policy normalised score 6.50" in table
