@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from ..utils.io import atomic_write_json, atomic_write_text
-from .layers import machine_info, run_worker, status_kb
+from .layers import PeakMemory, machine_info, run_case, run_worker
 
 __all__ = ["decode_table", "filled_state", "run_decode"]
 
@@ -109,18 +107,7 @@ def _worker(case: dict[str, Any]) -> dict[str, Any]:
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    reset_ok = True
-    if device.type == "cuda":
-        sync()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-    else:
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-        except OSError:
-            reset_ok = False
-        base = status_kb("VmRSS") * 1024
+    memory = PeakMemory(device)
     times = []
     with torch.no_grad():
         state = filled_state(model, B, T)
@@ -133,34 +120,14 @@ def _worker(case: dict[str, Any]) -> dict[str, Any]:
             sync()
             if i >= case["warmup"]:
                 times.append(time.perf_counter() - t0)
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated() - base
-    elif reset_ok:
-        peak = status_kb("VmHWM") * 1024 - base
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
     times.sort()
     return {
         "ms_per_token": 1e3 * times[len(times) // 2],
         "ms_per_token_min": 1e3 * times[0],
         "state_mb": _state_bytes(state) / 2**20,
-        "peak_mb": max(peak, 0) / 2**20,
+        "peak_mb": memory.mb(),
         "decoding": model.decoder.blocks[0].attn.capabilities.decoding,
     }
-
-
-def _run_case(case: dict[str, Any]) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "primaldual.bench.decode", "--worker", json.dumps(case)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=case["timeout_s"])
-    except subprocess.TimeoutExpired:
-        return {"status": "timeout"}
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    if proc.returncode in (-9, 137):
-        return {"status": "oom", "error": "killed (SIGKILL), most likely out of memory"}
-    return {"status": "error", "error": (proc.stderr or proc.stdout)[-500:]}
 
 
 def run_decode(
@@ -191,7 +158,12 @@ def run_decode(
                 case = {"attention": attention, "batch": batch, "context": context, **settings}
                 case.update(options=(options or {}).get(attention, {}), mem_limit_gb=mem_limit_gb, timeout_s=timeout_s)
                 t0 = time.time()
-                rec = {"attention": attention, "batch": batch, "context": context, **_run_case(case)}
+                rec = {
+                    "attention": attention,
+                    "batch": batch,
+                    "context": context,
+                    **run_case(case, "primaldual.bench.decode"),
+                }
                 rec["wall_s"] = time.time() - t0
                 records.append(rec)
                 print(_line(rec), flush=True)

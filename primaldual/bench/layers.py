@@ -42,12 +42,14 @@ from ..utils.io import atomic_write_json, atomic_write_text
 __all__ = [
     "FLOOR",
     "PEERS",
+    "PeakMemory",
     "SweepConfig",
     "fit_slope",
     "machine_info",
     "profile_layer",
     "profile_tables",
     "projection_floor",
+    "run_case",
     "run_sweep",
     "run_worker",
     "status_kb",
@@ -241,24 +243,47 @@ def profile_layer(case: dict[str, Any], calls: int = 2, rows: int = 12) -> str:
     return profile_tables(call, sync, case["device"], calls, head, rows)
 
 
-def _worker(case: dict[str, Any]) -> dict[str, Any]:
-    import torch
+class PeakMemory:
+    """Peak memory of what runs after construction: CUDA ``max_memory_allocated``, or on CPU the kernel's peak-RSS
+    counter reset here (``VmHWM``), falling back to the process-lifetime ``ru_maxrss`` where it cannot be reset."""
 
-    device = torch.device(case["device"])
-    call, sync = _case_call(case)
+    def __init__(self, device: Any) -> None:
+        import torch
 
-    reset_ok = True
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-    else:
+        self.cuda = torch.device(device).type == "cuda"
+        self.reset_ok = True
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            return
         try:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
         except OSError:
-            reset_ok = False
-        base = status_kb("VmRSS") * 1024
+            self.reset_ok = False
+        self.base = status_kb("VmRSS") * 1024
+
+    @property
+    def method(self) -> str:
+        return "cuda_max_allocated" if self.cuda else ("vmhwm_reset" if self.reset_ok else "ru_maxrss")
+
+    def mb(self) -> float:
+        """The peak above the baseline so far, in MiB."""
+        import torch
+
+        if self.cuda:
+            peak = torch.cuda.max_memory_allocated() - self.base
+        elif self.reset_ok:
+            peak = status_kb("VmHWM") * 1024 - self.base
+        else:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - self.base
+        return max(peak, 0) / 2**20
+
+
+def _worker(case: dict[str, Any]) -> dict[str, Any]:
+    call, sync = _case_call(case)
+    memory = PeakMemory(case["device"])
     times = []
     for i in range(case["warmup"] + case["repeats"]):
         sync()
@@ -267,18 +292,12 @@ def _worker(case: dict[str, Any]) -> dict[str, Any]:
         sync()
         if i >= case["warmup"]:
             times.append(time.perf_counter() - t0)
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated() - base
-    elif reset_ok:
-        peak = status_kb("VmHWM") * 1024 - base
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
     times.sort()
     return {
         "time_ms": 1e3 * times[len(times) // 2],
         "time_min_ms": 1e3 * times[0],
-        "peak_mem_mb": max(peak, 0) / 2**20,
-        "mem_method": "cuda_max_allocated" if device.type == "cuda" else ("vmhwm_reset" if reset_ok else "ru_maxrss"),
+        "peak_mem_mb": memory.mb(),
+        "mem_method": memory.method,
     }
 
 
@@ -308,9 +327,10 @@ def _worker_main(case_json: str) -> None:
 # ---------------------------------------------------------------------------------------------- driver
 
 
-def run_case(case: dict[str, Any]) -> dict[str, Any]:
-    """Run one case in a fresh interpreter; returns the worker's record (status ok/oom/timeout/error)."""
-    cmd = [sys.executable, "-m", "primaldual.bench.layers", "--worker", json.dumps(case)]
+def run_case(case: dict[str, Any], module: str = "primaldual.bench.layers") -> dict[str, Any]:
+    """Run one case in a fresh interpreter (``python -m module --worker CASE``); returns the worker's record
+    (status ok / oom / timeout / error)."""
+    cmd = [sys.executable, "-m", module, "--worker", json.dumps(case)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=case["timeout_s"])
     except subprocess.TimeoutExpired:

@@ -19,7 +19,7 @@ from ..data.uea import ChannelNormalizer, find_uea_files, load_uea, pad_series
 from .config import DataConfig
 from .protocols import get_protocol
 
-__all__ = ["TrainerEpochSampler", "UEADataModule"]
+__all__ = ["SplitDataModule", "TrainerEpochSampler", "UEADataModule"]
 
 
 class TrainerEpochSampler(DistributedSampler):
@@ -145,6 +145,37 @@ class UEADataModule(L.LightningDataModule):
 
     def val_dataloader(self) -> list[DataLoader]:
         return [self._eval_loader(s) for s in self.eval_splits]
+
+    def test_dataloader(self) -> DataLoader:
+        return self._eval_loader("test")
+
+
+class SplitDataModule(L.LightningDataModule):
+    """Loaders over ``self.datasets`` (``{"train", "val", "test"}``) for step-based tasks (LRA, language modelling):
+    the training split through a :class:`TrainerEpochSampler` (seeded, resumable mid-epoch, one share per rank,
+    epochs cut to whole optimiser updates), the evaluation splits in order. Subclasses set ``cfg`` (a
+    :class:`~primaldual.train.config.DataConfig`), ``seed`` and ``datasets`` in ``setup``.
+    """
+
+    @property
+    def eval_splits(self) -> list[str]:
+        return ["val"]
+
+    def train_dataloader(self) -> DataLoader:
+        t = self.trainer
+        world, rank = (t.world_size, t.global_rank) if t is not None else (1, 0)
+        ds = self.datasets["train"]
+        accumulate = t.accumulate_grad_batches if t is not None else 1
+        sampler = TrainerEpochSampler(
+            ds, t, self.cfg.batch_size, accumulate, num_replicas=world, rank=rank, shuffle=True, seed=self.seed
+        )
+        return DataLoader(ds, batch_size=self.cfg.batch_size, sampler=sampler, num_workers=self.cfg.num_workers)
+
+    def _eval_loader(self, split: str) -> DataLoader:
+        return DataLoader(self.datasets[split], batch_size=self.cfg.eval_batch_size, shuffle=False)
+
+    def val_dataloader(self) -> list[DataLoader]:
+        return [self._eval_loader("val")]
 
     def test_dataloader(self) -> DataLoader:
         return self._eval_loader("test")

@@ -29,11 +29,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import Dataset, Subset
 
 from ..aux_loss import collect_aux_loss
 from ..data.cache import MissingDataError, dataset_dir
@@ -41,7 +40,7 @@ from ..data.lm import IGNORE_INDEX, bits_per_byte, chunk_splits, unigram_baselin
 from ..options import check_int, check_number
 from ..utils.io import atomic_write_bytes
 from .config import ConfigError, DataConfig, OptimConfig, RunConfig, ScheduleConfig
-from .datamodule import TrainerEpochSampler
+from .datamodule import SplitDataModule
 from .module import ClassificationModule
 
 __all__ = [
@@ -59,7 +58,7 @@ _VAL_SUBSET_SEED = 0  # data.val_size: the same chunks whatever the run seed
 TOKENIZER_FILE, DICTIONARY_FILE = "tokenizer.json", "dict.txt"  # the run directory's copy of the tokenizer
 
 
-class LMDataModule(L.LightningDataModule):
+class LMDataModule(SplitDataModule):
     """Token chunks of one corpus: ``datasets`` ``{"train", "val", "test"}``, ``vocab_size``, ``max_len`` (tokens
     per sample), ``streams`` (each split's token ids), ``split_bytes`` (UTF-8 size of each split's text) and
     ``info``. Shuffling as :class:`~primaldual.train.datamodule.UEADataModule` (seeded, resumable mid-epoch).
@@ -133,10 +132,6 @@ class LMDataModule(L.LightningDataModule):
             **{f"{s}_bytes": b for s, b in split_bytes.items()},
         )
 
-    @property
-    def eval_splits(self) -> list[str]:
-        return ["val"]
-
     def save_tokenizer(self, run_dir: str | os.PathLike) -> Path:
         """Copy the tokenizer into the run directory (``tokenizer.json``, or WikiText's ``dict.txt``) if absent, so
         that ``primaldual generate`` needs only the run directory."""
@@ -150,25 +145,6 @@ class LMDataModule(L.LightningDataModule):
         if not path.is_file():
             atomic_write_bytes(path, self.tokenizer_source.read_bytes())
         return path
-
-    def train_dataloader(self) -> DataLoader:
-        t = self.trainer
-        world, rank = (t.world_size, t.global_rank) if t is not None else (1, 0)
-        ds = self.datasets["train"]
-        accumulate = t.accumulate_grad_batches if t is not None else 1
-        sampler = TrainerEpochSampler(
-            ds, t, self.cfg.batch_size, accumulate, num_replicas=world, rank=rank, shuffle=True, seed=self.seed
-        )
-        return DataLoader(ds, batch_size=self.cfg.batch_size, sampler=sampler, num_workers=self.cfg.num_workers)
-
-    def _eval_loader(self, split: str) -> DataLoader:
-        return DataLoader(self.datasets[split], batch_size=self.cfg.eval_batch_size, shuffle=False)
-
-    def val_dataloader(self) -> list[DataLoader]:
-        return [self._eval_loader("val")]
-
-    def test_dataloader(self) -> DataLoader:
-        return self._eval_loader("test")
 
 
 def build_lm(cfg: RunConfig, vocab_size: int) -> nn.Module:

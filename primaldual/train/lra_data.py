@@ -32,14 +32,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import numpy as np
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import Dataset, Subset
 
 from ..data.cache import MissingDataError, dataset_dir
 from ..data.splits import stratified_split
 from .config import LRA_DATASETS, ConfigError, DataConfig
-from .datamodule import TrainerEpochSampler
+from .datamodule import SplitDataModule
 
 __all__ = ["LRA_DATASETS", "LRADataModule", "build_lra_splits", "labels_of"]
 
@@ -162,7 +161,7 @@ def _attr(ds: Dataset, name: str, default: Any = None) -> Any:
     return getattr(ds, name, default)
 
 
-class LRADataModule(L.LightningDataModule):
+class LRADataModule(SplitDataModule):
     """LRA batches for :class:`~primaldual.models.SequenceClassifier` / :class:`~primaldual.models.RetrievalClassifier`.
 
     Shuffling as :class:`~primaldual.train.datamodule.UEADataModule`: a seeded sampler whose order depends only on
@@ -191,26 +190,3 @@ class LRADataModule(L.LightningDataModule):
         self.num_classes = int(_attr(train, "num_classes"))
         self.sizes = {k: len(v) for k, v in self.datasets.items()}
         self.info = dict(_attr(self.datasets["test"], "info", {}))
-
-    @property
-    def eval_splits(self) -> list[str]:
-        return ["val"]
-
-    def train_dataloader(self) -> DataLoader:
-        t = self.trainer
-        world, rank = (t.world_size, t.global_rank) if t is not None else (1, 0)
-        ds = self.datasets["train"]
-        accumulate = t.accumulate_grad_batches if t is not None else 1
-        sampler = TrainerEpochSampler(
-            ds, t, self.cfg.batch_size, accumulate, num_replicas=world, rank=rank, shuffle=True, seed=self.seed
-        )
-        return DataLoader(ds, batch_size=self.cfg.batch_size, sampler=sampler, num_workers=self.cfg.num_workers)
-
-    def _eval_loader(self, split: str) -> DataLoader:
-        return DataLoader(self.datasets[split], batch_size=self.cfg.eval_batch_size, shuffle=False)
-
-    def val_dataloader(self) -> list[DataLoader]:
-        return [self._eval_loader("val")]
-
-    def test_dataloader(self) -> DataLoader:
-        return self._eval_loader("test")
