@@ -7,8 +7,11 @@
   classes, split 55k train / 5k val / 10k test. The validation images are 500 per class drawn from the 60k
   training files with a fixed seed (stratified), so the split is the same on every machine. The same class reads
   real MNIST idx files (``dataset="mnist"``), since the formats are identical.
+* :class:`IdxImages` serves the same idx files and split as ``(1, 28, 28)`` uint8 images for image classifiers
+  (ViT), with the train split's pixel mean / std.
 * :func:`read_image_folder` / :class:`ImageFolderDataset` read the ImageNet-style layout ``root/<class>/<image>``
-  with Pillow (no torchvision), class indices in sorted directory order.
+  with Pillow (no torchvision), class indices in sorted directory order; :class:`ImageFolderDataset` decodes as
+  timm / DeiT do (shorter side resized to ``image_size / crop_pct``, centre crop) into uint8 images.
 
 Fashion-MNIST comes from the Debian package ``dataset-fashion-mnist`` (files in /usr/share/datasets/fashion-mnist);
 ``$PRIMALDUAL_DATA/fashion_mnist`` (or ``~/.cache/primaldual/fashion_mnist``) is searched first, so any copy of the
@@ -20,18 +23,23 @@ from __future__ import annotations
 
 import gzip
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ..options import check_bool, check_choice, check_int, check_number
 from .cache import MissingDataError, dataset_dir
 from .splits import stratified_split
 
 __all__ = [
     "IDX_FILES",
+    "CLASS_NAMES",
     "FashionMNIST1024",
+    "IMAGE_EXTENSIONS",
+    "IdxImages",
     "ImageFolderDataset",
     "ImageFolderTokens",
     "find_idx_dir",
@@ -143,6 +151,44 @@ def pad_to(images: np.ndarray, size: int = 32) -> np.ndarray:
     return out
 
 
+SPLITS = ("train", "val", "test")
+
+
+def _idx_split(
+    split: str,
+    dataset: str,
+    root: str | os.PathLike | None,
+    val_per_class: int,
+    val_seed: int,
+    *,
+    with_train: bool = False,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """One split of the idx files by the rule of :class:`FashionMNIST1024` and :class:`IdxImages`.
+
+    ``"test"`` is the 10k test files; ``"train"`` and ``"val"`` partition the 60k training files, ``"val"`` being
+    ``val_per_class`` images of every class drawn by :func:`~primaldual.data.splits.stratified_split` with seed
+    ``val_seed``.
+
+    Returns:
+        ``(images (M, H, W) uint8, labels (M,) int64, train_images)``; ``train_images`` is the train split's
+        ``(M_train, H, W)`` uint8 images when ``with_train`` (for pixel statistics), else None.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split: expected 'train', 'val' or 'test', got {split!r}")
+    train_images = None
+    if split != "test" or with_train:
+        tr_x, tr_y = load_idx_split("train", dataset, root)
+        keep, held = stratified_split(tr_y, per_class=val_per_class, seed=val_seed)
+        train_images = tr_x[keep]
+    if split == "test":
+        images, labels = load_idx_split("test", dataset, root)
+    elif split == "train":
+        images, labels = train_images, tr_y[keep]
+    else:
+        images, labels = tr_x[held], tr_y[held]
+    return images, labels, train_images if with_train else None
+
+
 class FashionMNIST1024(Dataset):
     """Fashion-MNIST (or MNIST) as 1024 grey-level tokens: the LRA Image task's real stand-in.
 
@@ -167,13 +213,7 @@ class FashionMNIST1024(Dataset):
         val_per_class: int = 500,
         val_seed: int = 0,
     ) -> None:
-        if split not in ("train", "val", "test"):
-            raise ValueError(f"split: expected 'train', 'val' or 'test', got {split!r}")
-        images, labels = load_idx_split("test" if split == "test" else "train", dataset, root)
-        if split != "test":
-            keep, held = stratified_split(labels, per_class=val_per_class, seed=val_seed)
-            sel = keep if split == "train" else held
-            images, labels = images[sel], labels[sel]
+        images, labels, _ = _idx_split(split, dataset, root, val_per_class, val_seed)
         self.images = pad_to(images, 32).reshape(len(images), 1024)  # (M, 1024) row-major pixel tokens
         self.labels = labels
         self.info = {
@@ -199,11 +239,136 @@ class FashionMNIST1024(Dataset):
         return tokens, torch.ones(1024, dtype=torch.bool), torch.tensor(self.labels[i])
 
 
+CLASS_NAMES: dict[str, list[str]] = {
+    "fashion_mnist": [
+        "T-shirt/top",
+        "Trouser",
+        "Pullover",
+        "Dress",
+        "Coat",
+        "Sandal",
+        "Shirt",
+        "Sneaker",
+        "Bag",
+        "Ankle boot",
+    ],
+    "mnist": [str(d) for d in range(10)],
+}
+
+
+def _pixel_stats(images: np.ndarray) -> tuple[float, float]:
+    """Mean and (population) standard deviation in [0, 1] of uint8 pixels, exact from a 256-bin histogram."""
+    counts = np.bincount(images.reshape(-1), minlength=256).astype(np.float64)  # (256,) pixels per grey level
+    values = np.arange(256, dtype=np.float64) / 255.0
+    n = counts.sum()
+    mean = float((counts * values).sum() / n)
+    std = float(np.sqrt((counts * (values - mean) ** 2).sum() / n))
+    return round(mean, 4), round(std, 4)
+
+
+class IdxImages(Dataset):
+    """Fashion-MNIST (or MNIST) as grey images, for image classifiers (ViT) rather than pixel-token models.
+
+    The split is :class:`FashionMNIST1024`'s (one shared helper): ``"train"`` 55k and ``"val"`` 5k (``val_per_class``
+    images of every class drawn from the 60k training files with seed ``val_seed``), ``"test"`` the 10k test files.
+
+    Items are ``(image (1, 28, 28) uint8 in 0-255, label int64 scalar)``; scaling and normalisation (``mean`` /
+    ``std``) are left to the caller, on the batch.
+
+    Attributes:
+        images: ``(M, 1, 28, 28)`` uint8 array. labels: ``(M,)`` int64 array.
+        classes: the 10 class names (label i is ``classes[i]``). num_classes, channels (1), image_size (28).
+        mean, std: 1-tuples, the pixel statistics in [0, 1] of the *train* split selected by ``val_per_class`` /
+            ``val_seed`` (whatever ``split`` is), rounded to 4 decimals (Fashion-MNIST: 0.286 / 0.353).
+        info: dataset, split, source, size, val_split and the statistics, for run records.
+
+    Args:
+        split: ``"train"``, ``"val"`` or ``"test"``.
+        dataset: ``"fashion_mnist"`` or ``"mnist"``.
+        root: directory of the four idx files (default: cache, then the Debian package's directory).
+        val_per_class: validation images per class. val_seed: seed of the validation draw.
+
+    Raises:
+        MissingDataError: the idx files are not found (the message says how to install them).
+        ValueError: a bad option, or idx images that are not 28 x 28.
+    """
+
+    channels = 1
+    image_size = 28
+
+    def __init__(
+        self,
+        split: str,
+        *,
+        dataset: str = "fashion_mnist",
+        root: str | os.PathLike | None = None,
+        val_per_class: int = 500,
+        val_seed: int = 0,
+    ) -> None:
+        check_choice("split", split, SPLITS)
+        check_choice("dataset", dataset, tuple(CLASS_NAMES))
+        check_int("val_per_class", val_per_class, low=1)
+        check_int("val_seed", val_seed, low=0)
+        images, labels, train_images = _idx_split(split, dataset, root, val_per_class, val_seed, with_train=True)
+        if images.shape[1:] != (28, 28):
+            raise ValueError(f"{find_idx_dir(dataset, root)}: expected 28 x 28 idx images, got {images.shape[1:]}")
+        self.images = np.ascontiguousarray(images.reshape(len(images), 1, 28, 28))  # (M, 28, 28) -> (M, 1, 28, 28)
+        self.labels = labels
+        self.classes = list(CLASS_NAMES[dataset])
+        self.num_classes = len(self.classes)
+        mean, std = _pixel_stats(train_images)
+        self.mean, self.std = (mean,), (std,)
+        self.info = {
+            "dataset": dataset,
+            "split": split,
+            "source": f"real {dataset} idx files ({find_idx_dir(dataset, root)})",
+            "num_classes": self.num_classes,
+            "image_size": 28,
+            "size": len(labels),
+            "val_split": f"{val_per_class} per class from the training files, seed {val_seed}",
+            "mean": self.mean,
+            "std": self.std,
+        }
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        image = torch.from_numpy(self.images[i].copy())  # (1, 28, 28) uint8, a copy: the dataset stays intact
+        return image, torch.tensor(self.labels[i])
+
+
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 
 
+def _scan_image_folder(root: str | os.PathLike) -> tuple[list[Path], np.ndarray, list[str], list[Path]]:
+    """:func:`read_image_folder`'s listing plus the skipped files (not an image extension, or not in a class)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise MissingDataError(f"image folder {root} not found: expected root/<class>/<image files>")
+    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+    skipped = sorted(p for p in root.iterdir() if p.is_file())  # files beside the class folders
+    paths: list[Path] = []
+    labels: list[int] = []
+    for i, c in enumerate(classes):
+        for p in sorted((root / c).rglob("*")):
+            if not p.is_file():
+                continue
+            if p.suffix.lower() in IMAGE_EXTENSIONS:
+                paths.append(p)
+                labels.append(i)
+            else:
+                skipped.append(p)
+    if not paths:
+        raise MissingDataError(f"{root}: no images found in class sub-directories (extensions {IMAGE_EXTENSIONS})")
+    return paths, np.asarray(labels, dtype=np.int64), classes, skipped
+
+
 def read_image_folder(root: str | os.PathLike) -> tuple[list[Path], np.ndarray, list[str]]:
-    """List an image-folder tree ``root/<class>/<image>``.
+    """List an image-folder tree ``root/<class>/<image>`` (images found with ``rglob`` inside each class folder).
+
+    Class folders are the non-hidden sub-directories of ``root``; files whose extension is not in
+    :data:`IMAGE_EXTENSIONS` are left out.
 
     Returns:
         ``(paths, labels, classes)``: image paths in sorted order, int64 labels, class names (sorted; label i is
@@ -212,33 +377,57 @@ def read_image_folder(root: str | os.PathLike) -> tuple[list[Path], np.ndarray, 
     Raises:
         MissingDataError: ``root`` missing, or no class directory with images.
     """
-    root = Path(root)
-    if not root.is_dir():
-        raise MissingDataError(f"image folder {root} not found: expected root/<class>/<image files>")
-    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
-    paths: list[Path] = []
-    labels: list[int] = []
-    for i, c in enumerate(classes):
-        for p in sorted((root / c).rglob("*")):
-            if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS:
-                paths.append(p)
-                labels.append(i)
-    if not paths:
-        raise MissingDataError(f"{root}: no images found in class sub-directories (extensions {IMAGE_EXTENSIONS})")
-    return paths, np.asarray(labels, dtype=np.int64), classes
+    paths, labels, classes, _ = _scan_image_folder(root)
+    return paths, labels, classes
+
+
+def _image_error(err: Exception) -> str:
+    """Pillow's reason for a bad file: the exception's type and message."""
+    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
 
 
 class ImageFolderDataset(Dataset):
-    """ImageNet-style image folder read with Pillow, resized to a square, as ``(image (C, S, S) float, label)``.
+    """An ImageNet-style folder ``root/<class>/<image>`` decoded with Pillow, as ``(image uint8, label)``.
 
-    Pixels are scaled to [0, 1] and normalised with ``mean`` / ``std`` per channel (the ImageNet statistics by
-    default), matching what a ViT-style classifier expects.
+    Decoding follows timm / DeiT: ``convert(mode)``, resize the *shorter* side to
+    ``resize = round(image_size / crop_pct)`` (bilinear, the longer side scaled to ``int(resize * long / short)``
+    as torchvision does), then a centre crop (offsets ``round((side - S) / 2)``):
+
+    * ``train=True``: to ``resize x resize`` (S = resize); the training module does the random resized crop and
+      flips from it on the batch.
+    * ``train=False``: to ``image_size x image_size`` (S = image_size), DeiT's eval transform (resize 256, crop 224).
+
+    Items are ``(image (C, S, S) uint8 in 0-255, label int64 scalar)`` with C = 3 for ``mode="RGB"`` and 1 for
+    ``"L"``. No scaling or normalisation: the caller applies its statistics (ImageNet's) on the batch, so no
+    ``mean`` / ``std`` are computed here.
+
+    Policy for imperfect folders:
+
+    * files whose extension is not in :data:`IMAGE_EXTENSIONS` (``notes.txt``, ``.DS_Store``), and files beside the
+      class folders, are skipped and counted (``skipped``, ``info["skipped_files"]``); hidden directories of
+      ``root`` are not classes;
+    * a class folder without images is an error naming it (a class with no examples would silently change the
+      label space);
+    * a corrupt or unreadable image raises ``ValueError`` naming the file and Pillow's reason when it is read
+      (``__getitem__``); :meth:`verify` finds such files up front.
 
     Args:
         root: ``root/<class>/<image>`` directory (e.g. ``imagenet/train``).
-        image_size: output side S (bilinear resize of the whole image).
+        image_size: the model's input side (>= 1).
+        crop_pct: centre-crop fraction in (0, 1] (DeiT: 0.875, so 224 -> resize 256).
+        train: keep the ``resize x resize`` centre square (train) instead of the ``image_size`` crop (eval).
         mode: Pillow mode, ``"RGB"`` (C = 3) or ``"L"`` (C = 1).
-        mean, std: per-channel normalisation.
+        classes: the class names label i stands for, e.g. the train split's ``classes`` when reading ``val/``: the
+            folder must have exactly these class folders. Default: the sorted class folders.
+
+    Attributes:
+        paths, labels (``(M,)`` int64), classes, num_classes, channels, image_size, resize, skipped (paths),
+        info (dataset, source, size, skipped_files, num_classes and the decoding options).
+
+    Raises:
+        MissingDataError: ``root`` missing or without images.
+        ValueError / TypeError: a bad option (the message names it), a class folder without images, or class
+            folders that differ from ``classes`` (the message names the missing and extra ones).
     """
 
     def __init__(
@@ -246,19 +435,57 @@ class ImageFolderDataset(Dataset):
         root: str | os.PathLike,
         *,
         image_size: int = 224,
+        crop_pct: float = 0.875,
+        train: bool = False,
         mode: str = "RGB",
-        mean: tuple[float, ...] = (0.485, 0.456, 0.406),
-        std: tuple[float, ...] = (0.229, 0.224, 0.225),
+        classes: Sequence[str] | None = None,
     ) -> None:
-        if mode not in ("RGB", "L"):
-            raise ValueError(f"mode: expected 'RGB' or 'L', got {mode!r}")
-        channels = 3 if mode == "RGB" else 1
-        if len(mean) != channels or len(std) != channels:
-            mean, std = (mean[0],) * channels, (std[0],) * channels
-        self.paths, self.labels, self.classes = read_image_folder(root)
-        self.image_size, self.mode = image_size, mode
-        self.mean = torch.tensor(mean).view(-1, 1, 1)  # (C, 1, 1)
-        self.std = torch.tensor(std).view(-1, 1, 1)  # (C, 1, 1)
+        check_int("image_size", image_size, low=1)
+        crop_pct = check_number("crop_pct", crop_pct, low=0.0, high=1.0, low_open=True)
+        check_bool("train", train)
+        check_choice("mode", mode, ("RGB", "L"))
+        root = Path(root)
+        paths, labels, found, skipped = _scan_image_folder(root)
+        counts = np.bincount(labels, minlength=len(found))  # (num_classes,) images per class folder
+        if classes is not None:
+            if isinstance(classes, str) or not all(isinstance(c, str) for c in classes):
+                raise TypeError(f"classes: expected a list of class-name strings, got {classes!r}")
+            classes = list(classes)
+            if len(set(classes)) != len(classes):
+                raise ValueError(f"classes: expected unique names, got duplicates in {classes}")
+            missing, extra = sorted(set(classes) - set(found)), sorted(set(found) - set(classes))
+            if missing or extra:
+                raise ValueError(
+                    f"{root}: class folders do not match classes= ({len(classes)} names, e.g. the train split's): "
+                    f"missing folders {missing}, unexpected folders {extra}"
+                )
+            labels = np.asarray([classes.index(c) for c in found], dtype=np.int64)[labels]  # folder -> given order
+        else:
+            classes = found
+        empty = [str(root / c) for c, n in zip(found, counts) if n == 0]
+        if empty:
+            raise ValueError(
+                f"{root}: class folder(s) without images (extensions {IMAGE_EXTENSIONS}): {', '.join(empty)}; "
+                "remove them or add images (an empty class would change the label space)"
+            )
+        self.root = root
+        self.paths, self.labels, self.classes, self.skipped = paths, labels, classes, skipped
+        self.num_classes = len(classes)
+        self.mode = mode
+        self.channels = 3 if mode == "RGB" else 1
+        self.image_size, self.crop_pct, self.train = image_size, crop_pct, train
+        self.resize = round(image_size / crop_pct)
+        self.info = {
+            "dataset": "image_folder",
+            "source": str(root),
+            "size": len(paths),
+            "skipped_files": len(skipped),
+            "num_classes": self.num_classes,
+            "image_size": image_size,
+            "resize": self.resize,
+            "crop": f"centre {self.resize if train else image_size} of the shorter side resized to {self.resize}",
+            "mode": mode,
+        }
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -266,13 +493,44 @@ class ImageFolderDataset(Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         from PIL import Image
 
-        with Image.open(self.paths[i]) as im:
-            im = im.convert(self.mode).resize((self.image_size, self.image_size), Image.Resampling.BILINEAR)
-            arr = np.asarray(im, dtype=np.float32) / 255.0
-        x = torch.from_numpy(arr.reshape(self.image_size, self.image_size, -1)).permute(
-            2, 0, 1
-        )  # (S, S, C) -> (C, S, S)
-        return (x - self.mean) / self.std, torch.tensor(self.labels[i])
+        path = self.paths[i]
+        try:
+            with Image.open(path) as im:
+                im = im.convert(self.mode)  # decodes the whole file: truncated data fails here
+        except Exception as e:  # Pillow raises OSError, SyntaxError, struct.error, ... for bad files
+            raise ValueError(f"{path}: cannot read the image ({_image_error(e)})") from e
+        w, h = im.size
+        short, long = min(w, h), max(w, h)
+        new_long = int(self.resize * long / short)  # torchvision's rounding of the longer side
+        size = (self.resize, new_long) if w <= h else (new_long, self.resize)  # Pillow (width, height)
+        if size != (w, h):
+            im = im.resize(size, Image.Resampling.BILINEAR)
+        s = self.resize if self.train else self.image_size
+        left, top = int(round((size[0] - s) / 2.0)), int(round((size[1] - s) / 2.0))
+        im = im.crop((left, top, left + s, top + s))
+        arr = np.asarray(im, dtype=np.uint8).reshape(s, s, self.channels)  # (S, S) or (S, S, C) -> (S, S, C)
+        image = torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous()  # (S, S, C) -> (C, S, S)
+        return image, torch.tensor(self.labels[i])
+
+    def verify(self, *, decode: bool = False) -> list[tuple[Path, str]]:
+        """Pre-flight check: open every image and return ``[(path, reason)]`` for those Pillow cannot read.
+
+        By default Pillow's ``Image.verify()`` (headers and, for PNG, checksums, without decoding pixels: a
+        truncated JPEG can pass); ``decode=True`` also decodes every image, as ``__getitem__`` would (slower).
+        """
+        from PIL import Image
+
+        bad: list[tuple[Path, str]] = []
+        for path in self.paths:
+            try:
+                with Image.open(path) as im:
+                    im.verify()
+                if decode:
+                    with Image.open(path) as im:
+                        im.load()
+            except Exception as e:  # any failure is a bad file, reported with Pillow's reason
+                bad.append((path, _image_error(e)))
+        return bad
 
 
 class ImageFolderTokens(Dataset):

@@ -13,9 +13,10 @@ from .pooling import masked_mean
 from .retrieval import RetrievalClassifier
 from .sequence import SequenceClassifier, SequenceEncoder
 from .timeseries import TimeSeriesClassifier
-from .vit import VisionClassifier
+from .vit import VIT_PRESETS, VisionClassifier, vit
 
 __all__ = [
+    "VIT_PRESETS",
     "CausalLM",
     "DecisionTransformer",
     "LMState",
@@ -27,4 +28,5 @@ __all__ = [
     "masked_mean",
     "primal_plus",
     "primalformer",
+    "vit",
 ]

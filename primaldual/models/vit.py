@@ -1,16 +1,37 @@
-"""ViT-style image classifier: patch embedding, CLS token, learned positions, pre-LN encoder, linear head."""
+"""ViT / DeiT image classifier: patch embedding, CLS token, learned positions, pre-LN encoder, linear head.
+
+DeiT (Touvron et al., 2021) is a ViT trained with a recipe (:mod:`primaldual.data.augment`,
+:mod:`primaldual.train.vision`), so the sizes below are the only architectural facts: DeiT-Tiny and DeiT-Small
+with 16 x 16 patches on 224 x 224 images, and a small patch-4 ViT for 28 x 28 images (Fashion-MNIST / MNIST:
+7 x 7 = 49 patches + CLS = 50 tokens). DeiT's optional distillation token (which needs a CNN teacher) is left out.
+The attention of every block is a registry name, so DeiT, Primal.+DeiT (``primal_plus(12, ...)``: the last block
+primal) and the Attention-BN / SH / BN+SH DeiTs differ only in ``attention`` / ``attention_options``.
+
+Initialisation follows the ViT / DeiT reference: truncated-normal (std 0.02) linear weights, CLS token and
+positions, zero biases, unit LayerNorms, and the patch projection initialised as a linear map (fan-in scaled).
+Attention layers keep their own initialisation (the primal layer's orthogonal projections are part of the method).
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from ..attention.base import AttentionLayer
 from ..encoder import Encoder, LearnedPositionalEncoding
 
-__all__ = ["VisionClassifier"]
+__all__ = ["VIT_PRESETS", "VisionClassifier", "vit"]
+
+# name -> (image_size, patch_size, dim, depth, num_heads, ffn_dim)
+VIT_PRESETS: dict[str, dict[str, int]] = {
+    "deit_tiny": {"image_size": 224, "patch_size": 16, "dim": 192, "depth": 12, "num_heads": 3, "ffn_dim": 768},
+    "deit_small": {"image_size": 224, "patch_size": 16, "dim": 384, "depth": 12, "num_heads": 6, "ffn_dim": 1536},
+    "vit_patch4_28": {"image_size": 28, "patch_size": 4, "dim": 64, "depth": 4, "num_heads": 4, "ffn_dim": 128},
+}
 
 
 class VisionClassifier(nn.Module):
@@ -18,8 +39,12 @@ class VisionClassifier(nn.Module):
 
     Args:
         image_size: H = W. patch_size: side of a patch (must divide image_size). in_channels: C.
-        num_classes: classes. dim, depth, num_heads, ffn_dim, dropout, drop_path: encoder sizes.
+        num_classes: classes. dim, depth, num_heads, ffn_dim, dropout, drop_path: encoder sizes (``drop_path``:
+            stochastic depth rising linearly to this value in the last block, as DeiT).
         attention, attention_options: per-layer registry names / options (``[..., "primal"]`` = Primal.+DeiT).
+        mean, std: per-channel pixel statistics. When given, the model takes raw pixels (``uint8`` 0-255, or
+            floats in [0, 1]) and normalises them itself, so a checkpoint carries its own preprocessing; when None,
+            inputs are used as they are (already normalised floats).
     """
 
     def __init__(
@@ -37,15 +62,25 @@ class VisionClassifier(nn.Module):
         drop_path: float = 0.0,
         attention: str | Sequence[str] = "softmax",
         attention_options: dict[str, Any] | Sequence[dict[str, Any] | None] | None = None,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
     ) -> None:
         super().__init__()
         if image_size % patch_size:
             raise ValueError(f"patch_size ({patch_size}) must divide image_size ({image_size})")
+        if (mean is None) != (std is None):
+            raise ValueError("mean, std: give both (raw pixels in, normalised inside) or neither")
         self.image_size, self.in_channels = image_size, in_channels
+        self.normalizes = mean is not None
+        if mean is not None and std is not None:
+            if len(mean) != in_channels or len(std) != in_channels or min(std) <= 0:
+                raise ValueError(f"mean, std: expected {in_channels} values each (std > 0), got mean {mean}, std {std}")
+            # not persistent: the statistics come from the config, and checkpoints keep their old keys
+            self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
+            self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
         num_patches = (image_size // patch_size) ** 2
         self.patch = nn.Conv2d(in_channels, dim, kernel_size=patch_size, stride=patch_size)
         self.cls = nn.Parameter(torch.zeros(1, 1, dim))
-        nn.init.trunc_normal_(self.cls, std=0.02)
         self.pos = LearnedPositionalEncoding(num_patches + 1, dim)
         self.drop = nn.Dropout(dropout)
         self.encoder = Encoder(
@@ -60,6 +95,34 @@ class VisionClassifier(nn.Module):
             norm_first=True,
         )
         self.head = nn.Linear(dim, num_classes)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        nn.init.trunc_normal_(self.cls, std=0.02)
+        for p in self.pos.parameters():
+            nn.init.trunc_normal_(p, std=0.02)
+        w = self.patch.weight  # (D, C, p, p): a linear map of the flattened patch
+        nn.init.trunc_normal_(w, std=1.0 / math.sqrt(w[0].numel()))
+        nn.init.zeros_(self.patch.bias)
+        # attention layers keep their own initialisation (the primal layer's projections are part of the method)
+        inside = {id(m) for a in self.modules() if isinstance(a, AttentionLayer) for m in a.modules()}
+        for m in self.modules():
+            if id(m) in inside:
+                continue
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    def prepare(self, images: Tensor) -> Tensor:
+        """Raw pixels (uint8 or [0, 1] floats) -> normalised floats, when the model holds ``mean`` / ``std``."""
+        if not self.normalizes:
+            return images
+        x = images.float() / 255.0 if images.dtype == torch.uint8 else images
+        return (x - self.mean.to(x.dtype)) / self.std.to(x.dtype)
 
     def forward(self, images: Tensor) -> Tensor:
         """images ``(B, C, H, W)``. Returns logits ``(B, num_classes)``."""
@@ -68,7 +131,18 @@ class VisionClassifier(nn.Module):
                 f"images: expected (B, {self.in_channels}, {self.image_size}, {self.image_size}), "
                 f"got {tuple(images.shape)}"
             )
-        h = self.patch(images).flatten(2).transpose(1, 2)  # (B, D, H/p, W/p) -> (B, P, D)
+        if images.dtype == torch.uint8 and not self.normalizes:
+            raise ValueError("images: uint8 pixels need a model built with mean / std (it normalises them)")
+        h = self.patch(self.prepare(images)).flatten(2).transpose(1, 2)  # (B, D, H/p, W/p) -> (B, P, D)
         h = torch.cat([self.cls.expand(h.shape[0], -1, -1), h], dim=1)  # (B, 1 + P, D)
         h = self.encoder(self.drop(self.pos(h)))  # (B, 1 + P, D)
         return self.head(h[:, 0])  # (B, classes)
+
+
+def vit(preset: str, num_classes: int, **kwargs: Any) -> VisionClassifier:
+    """A :class:`VisionClassifier` of a :data:`VIT_PRESETS` size; ``kwargs`` override or add arguments
+    (e.g. ``vit("deit_small", 100, attention=primal_plus(12, s=96, eta=0.05)["attention"], ...)``)."""
+    if preset not in VIT_PRESETS:
+        raise ValueError(f"preset: expected one of {sorted(VIT_PRESETS)}, got {preset!r}")
+    args: dict[str, Any] = {**VIT_PRESETS[preset], **kwargs}
+    return VisionClassifier(args.pop("image_size"), args.pop("patch_size"), num_classes, **args)

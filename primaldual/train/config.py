@@ -4,16 +4,18 @@ A config has the sections ``data``, ``model``, ``optim``, ``schedule``, ``traine
 ``name``, ``task``, ``protocol``, ``seed``. ``task`` is ``uea`` (time-series classification, epoch-based), one of
 the Long-Range Arena tasks ``lra_listops``, ``lra_text``, ``lra_retrieval``, ``lra_image``, ``lra_pathfinder``, or
 ``lm`` (causal language modelling on ``english``, ``wikitext-103`` or ``wikitext-2``; see
-:mod:`primaldual.train.lm`); LRA and LM are step-based: ``trainer.max_steps`` with an evaluation every
+:mod:`primaldual.train.lm`), ``vision`` (ViT / DeiT image classification with the ``augment`` section, see
+:mod:`primaldual.train.vision`) or ``offline_rl``; LRA, LM and vision are step-based: ``trainer.max_steps`` with an evaluation every
 ``trainer.val_check_interval`` steps. Overrides use
 Lightning-CLI style dotted flags (``--model.attention primal``, ``--trainer.max_epochs=5``, values parsed as YAML)
 plus one shortcut, ``--attention NAME``, that puts ``NAME`` in every layer and drops the mechanism options of the
 config (they belong to the old mechanism).
 
 Composition (see ``docs/configs.md``): the bundled configs are written once per fact. A *family* folder
-(``configs/lra``, ``configs/uea``) holds ``_base.yaml``, one file per model in ``_models/`` (attention plan and
-options), one per task or dataset in ``_tasks/`` (data, shapes, optimiser, schedule; a ``models:`` map of per-model
-and a ``budgets:`` map of per-budget values) and budget overlays in ``_budgets/``. A name ``<family>/<task>/<model>``
+(``configs/lra``, ``configs/vision``, ...) holds ``_base.yaml``, its models (attention plan and options: one entry
+each in ``_models.yaml``, or a ``_models/<model>.yaml`` file), its tasks or datasets (``_tasks.yaml`` entries or
+``_tasks/<task>.yaml`` files: data, shapes, optimiser, schedule; a ``models:`` map of per-model and a ``budgets:``
+map of per-budget values) and budget overlays in ``_budgets/``. A name ``<family>/<task>/<model>``
 or ``<family>/<task>/<budget>/<model>`` without a file of its own is the merge of base, task, model, overlay, then
 the task's ``models.<model>`` and ``budgets.<budget>`` entries. Any file may build on others with a ``defaults:``
 list (merged first, in order; the file itself last). Merging: later wins, mappings merge key by key, lists and
@@ -51,8 +53,10 @@ __all__ = [
     "DataConfig",
     "ModelConfig",
     "OptimConfig",
+    "AugmentConfig",
     "RLConfig",
     "RL_TASK",
+    "VISION_TASK",
     "RunConfig",
     "ScheduleConfig",
     "TrainerConfig",
@@ -73,8 +77,11 @@ OPTIMIZERS = ("radam", "adam", "adamw", "sgd")
 LRA_TASKS = ("lra_listops", "lra_text", "lra_retrieval", "lra_image", "lra_pathfinder")
 LM_TASK = "lm"
 RL_TASK = "offline_rl"
-TASKS = ("uea", *LRA_TASKS, LM_TASK, RL_TASK)
-MODEL_KINDS = ("auto", "timeseries", "sequence", "retrieval", "lm", "dt")
+VISION_TASK = "vision"
+TASKS = ("uea", *LRA_TASKS, LM_TASK, RL_TASK, VISION_TASK)
+MODEL_KINDS = ("auto", "timeseries", "sequence", "retrieval", "lm", "dt", "vit")
+# data.name values of task vision read from idx files; every other name is an image-folder tree under data.root
+VISION_IDX_DATASETS: tuple[str, ...] = ("fashion_mnist", "mnist")
 DECAYS = ("constant", "linear", "cosine", "inverse_sqrt")
 # data.name values of task lm: the obtainable English corpus, or WikiText files the user provides (data.root)
 LM_DATASETS: tuple[str, ...] = ("english", "wikitext-103", "wikitext-2")
@@ -101,6 +108,12 @@ class DataConfig:
 
     LM (see :mod:`primaldual.train.lm`): ``name`` one of :data:`LM_DATASETS`; ``root`` the corpus folder (None: the
     cache); ``max_len`` the tokens per sample (contiguous, non-overlapping chunks); ``val_size`` as LRA, in chunks.
+
+    Vision (see :mod:`primaldual.train.vision`): ``name`` ``fashion_mnist`` / ``mnist`` (idx files) or any name of an
+    image-folder tree at ``root`` (``train/<class>/*``, ``val/<class>/*``, optional ``test/<class>/*``);
+    ``image_size`` the side the model sees (None: the idx images' 28; required for folders); ``crop_pct``: folders
+    are decoded at ``image_size / crop_pct`` (shorter side, centre square) and evaluated on the centre
+    ``image_size`` crop (DeiT's 256 -> 224).
     """
 
     name: str = "JapaneseVowels"
@@ -116,6 +129,8 @@ class DataConfig:
     train_pairs: int = 10000
     eval_pairs: int = 2000
     val_size: int | None = None
+    image_size: int | None = None
+    crop_pct: float = 0.875
 
 
 @dataclass
@@ -126,7 +141,9 @@ class ModelConfig:
     ``num_classes``: None takes them from the data (a value that disagrees with the data is an error).
     ``norm_first``, ``positions``, ``pooling``: token models only. ``lm``: the decoder-only
     :class:`~primaldual.models.CausalLM` (pre-LN, causal attention in every layer; ``tie_embeddings``: the output
-    layer shares the token embedding's weight)."""
+    layer shares the token embedding's weight). ``vit``: the
+    :class:`~primaldual.models.VisionClassifier` (pre-LN, CLS token, ``patch_size`` patches, stochastic depth
+    rising linearly to ``drop_path`` in the last block)."""
 
     kind: str = "auto"
     dim: int = 512
@@ -142,6 +159,8 @@ class ModelConfig:
     positions: str = "learned"
     pooling: str = "mean"
     tie_embeddings: bool = True
+    patch_size: int = 16
+    drop_path: float = 0.0
 
     def backbone_kwargs(self) -> dict[str, Any]:
         """The keyword arguments every task model passes to its encoder stack (sizes and attention plan)."""
@@ -158,7 +177,8 @@ class ModelConfig:
     def resolved_kind(self, task: str) -> str:
         if self.kind != "auto":
             return self.kind
-        return {"uea": "timeseries", "lra_retrieval": "retrieval", LM_TASK: "lm", RL_TASK: "dt"}.get(task, "sequence")
+        kinds = {"uea": "timeseries", "lra_retrieval": "retrieval", LM_TASK: "lm", RL_TASK: "dt", VISION_TASK: "vit"}
+        return kinds.get(task, "sequence")
 
 
 @dataclass
@@ -221,6 +241,41 @@ class RLConfig:
 
 
 @dataclass
+class AugmentConfig:
+    """Training-time augmentation of task ``vision`` (DeiT's recipe, :mod:`primaldual.data.augment`), applied to each
+    training batch; the defaults switch everything off. ``crop_scale``: random resized crop area range (null: no
+    crop, the centre ``image_size`` square); ``crop_ratio``: its aspect range; ``hflip``: horizontal flip
+    probability; ``randaugment_ops`` (0: off), ``randaugment_magnitude``, ``randaugment_magnitude_std``: timm's
+    ``rand-m9-mstd0.5-inc1`` with the subset of operations the module lists; ``erasing``: random-erasing
+    probability; ``mixup_alpha`` / ``cutmix_alpha`` (0: off), ``mix_prob``, ``mix_switch_prob``: timm's batch
+    mixup / cutmix; ``label_smoothing``."""
+
+    crop_scale: Any = None
+    crop_ratio: Any = (0.75, 4 / 3)
+    hflip: float = 0.0
+    randaugment_ops: int = 0
+    randaugment_magnitude: float = 9.0
+    randaugment_magnitude_std: float = 0.5
+    erasing: float = 0.0
+    mixup_alpha: float = 0.0
+    cutmix_alpha: float = 0.0
+    mix_prob: float = 1.0
+    mix_switch_prob: float = 0.5
+    label_smoothing: float = 0.0
+
+    def settings(self) -> Any:
+        """The validated :class:`~primaldual.data.augment.AugmentSettings` of this section."""
+        from ..data.augment import AugmentSettings
+
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        for key in ("crop_scale", "crop_ratio"):
+            v = values[key]
+            if isinstance(v, list):
+                values[key] = tuple(v)
+        return AugmentSettings(**values)
+
+
+@dataclass
 class RunConfig:
     """One training run. ``name`` names the run directory; ``protocol`` is ``heldout`` or ``paper``."""
 
@@ -234,6 +289,7 @@ class RunConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     rl: RLConfig = field(default_factory=RLConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -253,8 +309,9 @@ class RunConfig:
                 node.pop(key, None)
         if d["schedule"] == defaults["schedule"]:
             d.pop("schedule")
-        if d["rl"] == defaults["rl"]:
-            d.pop("rl")
+        for section in ("rl", "augment"):
+            if d[section] == defaults[section]:
+                d.pop(section)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
 
     @property
@@ -358,6 +415,10 @@ def _validate(cfg: RunConfig) -> None:
         _path_part("data.name", d.name)
         if d.max_len is None:
             raise ConfigError("data.max_len: task 'offline_rl' needs the context K in timesteps (e.g. 20)")
+    elif cfg.task == VISION_TASK:
+        _path_part("data.name", d.name)
+        if d.name not in VISION_IDX_DATASETS and d.image_size is None:
+            raise ConfigError("data.image_size: an image-folder dataset needs the side the model sees (e.g. 224)")
     elif cfg.task == LM_TASK:
         if d.name not in LM_DATASETS:
             raise ConfigError(f"data.name: task 'lm' takes one of {LM_DATASETS}, got {d.name!r}")
@@ -381,6 +442,8 @@ def _validate(cfg: RunConfig) -> None:
     check_int("data.train_pairs", d.train_pairs, low=1)
     check_int("data.eval_pairs", d.eval_pairs, low=1)
     check_int("data.val_size", d.val_size, low=1, allow_none=True)
+    check_int("data.image_size", d.image_size, low=1, allow_none=True)
+    check_number("data.crop_pct", d.crop_pct, low=0, high=1, low_open=True)
 
     m = cfg.model
     if m.kind not in MODEL_KINDS:
@@ -390,6 +453,7 @@ def _validate(cfg: RunConfig) -> None:
         (kind == "timeseries") != (cfg.task == "uea")
         or (kind == "lm") != (cfg.task == LM_TASK)
         or (kind == "dt") != (cfg.task == RL_TASK)
+        or (kind == "vit") != (cfg.task == VISION_TASK)
     ):
         raise ConfigError(f"model.kind: {kind!r} does not fit task {cfg.task!r}")
     if m.positions not in ("learned", "sinusoidal"):
@@ -405,6 +469,17 @@ def _validate(cfg: RunConfig) -> None:
     check_int("model.num_classes", m.num_classes, low=2, allow_none=True)
     check_bool("model.norm_first", m.norm_first)
     check_bool("model.tie_embeddings", m.tie_embeddings)
+    check_int("model.patch_size", m.patch_size, low=1)
+    check_number("model.drop_path", m.drop_path, low=0, high=1, high_open=True)
+    if kind == "vit" and d.image_size is not None and d.image_size % m.patch_size:
+        raise ConfigError(f"model.patch_size: {m.patch_size} must divide data.image_size ({d.image_size})")
+    if cfg.task == VISION_TASK:
+        try:
+            cfg.augment.settings()
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"augment: {e}") from None
+    elif cfg.augment != AugmentConfig():
+        raise ConfigError(f"augment: only task 'vision' uses the augment section, not task {cfg.task!r}")
     if kind == "lm":
         if not m.norm_first:
             raise ConfigError("model.norm_first: the causal LM (model.kind 'lm') is pre-LN; set it to true")
@@ -590,6 +665,8 @@ def check_machine(cfg: RunConfig) -> None:
         raise ConfigError(f"trainer.devices: {devices} {acc} devices requested, but this machine has {count}")
 
 
+# keys only task vision reads: left out of other tasks' config.yaml (dump_config) when at their defaults
+_VISION_KEYS = (("data", "image_size"), ("data", "crop_pct"), ("model", "patch_size"), ("model", "drop_path"))
 # (section, key) of config keys introduced after 0.1.0 (see RunConfig.fingerprint)
 _ADDED_KEYS = [
     *(("data", k) for k in ("max_len", "tokenisation", "stand_in", "train_pairs", "eval_pairs", "val_size")),
@@ -597,6 +674,7 @@ _ADDED_KEYS = [
     ("model", "tie_embeddings"),
     *(("optim", k) for k in ("betas", "eps")),
     *(("trainer", k) for k in ("max_steps", "val_check_interval", "accumulate_grad_batches")),
+    *_VISION_KEYS,
 ]
 
 _SECTIONS = {
@@ -606,6 +684,7 @@ _SECTIONS = {
     "schedule": ScheduleConfig,
     "trainer": TrainerConfig,
     "rl": RLConfig,
+    "augment": AugmentConfig,
 }
 
 
@@ -635,7 +714,8 @@ def config_dir() -> Path:
 # --- composition -------------------------------------------------------------------------------------------------
 
 _BASE, _TASKS, _MODELS, _BUDGETS = "_base.yaml", "_tasks", "_models", "_budgets"
-_TASK_TABLE = "_tasks.yaml"  # a family may keep its (small) task fragments in one mapping: {task: fragment}
+# a family may keep its (small) task or model fragments in one table, a mapping {name: fragment}, instead of a folder
+_TABLES = {_TASKS: "_tasks.yaml", _MODELS: "_models.yaml"}
 _MAPS = {"models": _MODELS, "budgets": _BUDGETS}  # task-file maps: values per model / per budget
 _PLAN_KEYS = ("plan", "primal_options", "base", "base_options", "primal_layers")
 _MISSING = "???"
@@ -658,14 +738,21 @@ class _Composed:
         # what the single-file configs were called: the model, suffixed with the budget
         return self.model if self.budget is None else f"{self.model}_{self.budget}"
 
-    def part(self, folder: str, stem: str) -> Path:
-        return self.family / folder / f"{stem}.yaml"
+    def source(self, folder: str, stem: str) -> Path:
+        """A part's own file (``_tasks/<task>.yaml``), or the family's table (``_tasks.yaml``) when it is an entry
+        there."""
+        own = self.family / folder / f"{stem}.yaml"
+        return own if own.is_file() or folder not in _TABLES else self.family / _TABLES[folder]
+
+    def label(self, folder: str, stem: str) -> str:
+        """A part as :func:`describe_config` names it: ``lra/_tasks/listops.yaml``, ``uea/_tasks.yaml (Heartbeat)``."""
+        path = self.source(folder, stem)
+        return f"{_show(path)} ({stem})" if path.name == _TABLES.get(folder) else _show(path)
 
     @property
     def task_file(self) -> Path:
         """The task's own file, or the family's task table when the task is an entry there."""
-        own = self.part(_TASKS, self.task)
-        return own if own.is_file() else self.family / _TASK_TABLE
+        return self.source(_TASKS, self.task)
 
 
 def _show(path: Path) -> str:
@@ -677,7 +764,7 @@ def _show(path: Path) -> str:
 
 
 def _is_fragment(path: Path) -> bool:
-    """A file under :func:`config_dir` with a ``_``-prefixed part (``_base.yaml``, ``_models/...``)."""
+    """A file under :func:`config_dir` with a ``_``-prefixed part (``_base.yaml``, ``_tasks/...``)."""
     try:
         rel = path.resolve().relative_to(config_dir().resolve())
     except ValueError:
@@ -689,23 +776,25 @@ def _stems(folder: Path) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
 
 
-def _task_table(family: Path) -> dict[str, Any]:
-    """The family's task table (``_tasks.yaml``: ``{task: fragment}``), or ``{}``."""
-    path = family / _TASK_TABLE
-    if not path.is_file():
+def _table(family: Path, folder: str) -> dict[str, Any]:
+    """The family's table of ``folder``'s parts (``_tasks.yaml`` / ``_models.yaml``: ``{name: fragment}``), or
+    ``{}``. A name both in the table and a file of ``folder`` is an error: neither silently wins."""
+    if folder not in _TABLES or not (path := family / _TABLES[folder]).is_file():
         return {}
-    table = _read(path)
-    for task, fragment in table.items():
-        if not isinstance(task, str) or task.startswith("_") or "/" in task:
-            raise ConfigError(f"{path}: task names must be plain names, got {task!r}")
+    table, kind = _read(path), folder[1:-1]  # _tasks -> task
+    for name, fragment in table.items():
+        if not isinstance(name, str) or name.startswith("_") or "/" in name:
+            raise ConfigError(f"{path}: {kind} names must be plain names, got {name!r}")
         if not isinstance(fragment, dict):
-            raise ConfigError(f"{path}: task {task!r}: expected a mapping, got {type(fragment).__name__}")
+            raise ConfigError(f"{path}: {kind} {name!r}: expected a mapping, got {type(fragment).__name__}")
+        if (own := family / folder / f"{name}.yaml").is_file():
+            raise ConfigError(f"{path}: {kind} {name!r} is both an entry here and a file, {own}; keep one")
     return table
 
 
-def _tasks(family: Path) -> list[str]:
-    """Task names of a family: its ``_tasks/`` files and its task table's entries."""
-    return sorted({*_stems(family / _TASKS), *_task_table(family)})
+def _names(family: Path, folder: str) -> list[str]:
+    """Part names of a family (tasks, models or budgets): the files in ``folder`` and its table's entries."""
+    return sorted({*_stems(family / folder), *_table(family, folder)})
 
 
 def _families() -> list[Path]:
@@ -732,13 +821,9 @@ def _composed(name: str) -> _Composed | None:
         family = root.joinpath(*parts[: len(parts) - n + 1])
         task, model = parts[-n + 1], parts[-1]
         budget = parts[-2] if with_budget else None
-        c = _Composed(name.strip("/"), family, task, model, budget)
-        needed = [family / _BASE, c.part(_MODELS, model)]
-        if budget is not None:
-            needed.append(c.part(_BUDGETS, budget))
-        has_task = c.part(_TASKS, task).is_file() or (family.is_dir() and task in _task_table(family))
-        if has_task and all(p.is_file() for p in needed):
-            return c
+        wanted = {_TASKS: task, _MODELS: model, **({_BUDGETS: budget} if budget is not None else {})}
+        if (family / _BASE).is_file() and all(stem in _names(family, f) for f, stem in wanted.items()):
+            return _Composed(name.strip("/"), family, task, model, budget)
     return None
 
 
@@ -749,8 +834,8 @@ def _not_found(spec: str) -> ConfigError:
         rel = fam.relative_to(config_dir()).as_posix()
         if spec.startswith(rel + "/") and len(parts) >= 3:
             hint = (
-                f"; {rel}/<task>/[<budget>/]<model> is composed from tasks {_tasks(fam)}, "
-                f"models {_stems(fam / _MODELS)}, budgets {_stems(fam / _BUDGETS)}"
+                f"; {rel}/<task>/[<budget>/]<model> is composed from tasks {_names(fam, _TASKS)}, "
+                f"models {_names(fam, _MODELS)}, budgets {_names(fam, _BUDGETS)}"
             )
     return ConfigError(
         f"config {spec!r} not found (neither a file nor a name under {config_dir()}{hint}; see `primaldual configs`)"
@@ -781,10 +866,10 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def _task_file_family(path: Path) -> Path | None:
-    """The family of a task file (``<family>/_tasks/<task>.yaml``), else None."""
+    """The family of a task file (``<family>/_tasks/<task>.yaml`` or the task table), else None."""
     if path.parent.name == _TASKS and (path.parent.parent / _BASE).is_file():
         return path.parent.parent
-    if path.name == _TASK_TABLE and (path.parent / _BASE).is_file():
+    if path.name == _TABLES[_TASKS] and (path.parent / _BASE).is_file():
         return path.parent
     return None
 
@@ -793,7 +878,8 @@ def _check_layer(
     values: dict[str, Any], path: Path, *, family: Path | None, entry: str = "", table_entry: bool = False
 ) -> None:
     """Unknown keys, wrong shapes and misplaced composition keys of one file (or one ``models:`` entry, or one
-    task of a task table, which may hold the per-model / per-budget maps but no ``defaults``)."""
+    entry of a task or model table, which has no ``defaults``; a task entry may hold the per-model / per-budget
+    maps)."""
     where = f"{path}: "
     top = {f.name for f in fields(RunConfig)} | {"vars"}
     if not entry:
@@ -825,7 +911,7 @@ def _check_layer(
         elif key in _MAPS:
             if not isinstance(value, dict):
                 raise ConfigError(f"{where}{full}: expected a mapping of {key[:-1]} name -> values")
-            known = _stems(family / _MAPS[key])
+            known = _names(family, _MAPS[key])
             for name, sub in value.items():
                 if name not in known:
                     raise ConfigError(f"{where}{full}: unknown {key[:-1]} {name!r}; expected one of {known}")
@@ -902,31 +988,38 @@ class _Composer:
                 f"{including}: defaults entry {entry!r} is a task fragment, whose models/budgets maps apply only "
                 "to composed names; include a name such as <family>/<task>/<model> instead"
             )
+        if target.name == _TABLES[_MODELS] and (target.parent / _BASE).is_file():
+            raise ConfigError(
+                f"{including}: defaults entry {entry!r} is a model table (one entry per model), not one fragment; "
+                "include a name such as <family>/<task>/<model> instead"
+            )
         return self.file(target, stack)
 
-    def table_entry(self, c: _Composed) -> dict[str, Any]:
-        """The task's fragment from the family's task table (checked like a task file; no ``defaults``)."""
-        path = c.family / _TASK_TABLE
-        raw = copy.deepcopy(_task_table(c.family)[c.task])
+    def part(self, c: _Composed, folder: str, stem: str, stack: tuple[str, ...]) -> dict[str, Any]:
+        """A task, model or budget of ``c``: its own file, or its entry in the family's table (checked like such a
+        file, no ``defaults``; a task entry may hold the per-model / per-budget maps)."""
+        path = c.source(folder, stem)
+        if path.name != _TABLES.get(folder):
+            return self.file(path, stack)
+        kind = folder[1:-1]  # _models -> model
+        raw = copy.deepcopy(_table(c.family, folder)[stem])
         if "defaults" in raw:
-            raise ConfigError(f"{path}: task {c.task!r}: a task-table entry cannot have defaults")
-        _check_layer(raw, path, family=c.family, entry=f"{c.task}.", table_entry=True)
-        self.sources.append(f"{_show(path)} ({c.task})")
+            raise ConfigError(f"{path}: {kind} {stem!r}: a {kind}-table entry cannot have defaults")
+        _check_layer(raw, path, family=c.family, entry=f"{stem}.", table_entry=folder == _TASKS)
+        self.sources.append(c.label(folder, stem))
         return raw
 
     def composed(self, c: _Composed, stack: tuple[str, ...]) -> dict[str, Any]:
         """Base, task, model, budget overlay, then the task's entries for this model and budget."""
         stack = self._enter(c.name, stack)
         values = self.file(c.family / _BASE, stack)
-        task = self.file(c.part(_TASKS, c.task), stack) if c.task_file.name != _TASK_TABLE else self.table_entry(c)
+        task = self.part(c, _TASKS, c.task, stack)
         per = {k: task.pop(k, None) or {} for k in _MAPS}
         _merge(values, task)
-        _merge(values, self.file(c.part(_MODELS, c.model), stack))
+        _merge(values, self.part(c, _MODELS, c.model, stack))
         if c.budget is not None:
-            _merge(values, self.file(c.part(_BUDGETS, c.budget), stack))
-        task_file = (
-            _show(c.part(_TASKS, c.task)) if c.task_file.name != _TASK_TABLE else f"{_show(c.task_file)} ({c.task})"
-        )
+            _merge(values, self.part(c, _BUDGETS, c.budget, stack))
+        task_file = c.label(_TASKS, c.task)
         for key, name in (("models", c.model), ("budgets", c.budget)):
             if per[key].get(name):
                 _merge(values, per[key][name])
@@ -1051,9 +1144,9 @@ def list_configs(prefix: str = "") -> list[str]:
             names.add(rel.with_suffix("").as_posix())
     for fam in _families():
         rel = fam.relative_to(root).as_posix()
-        budgets = [None, *_stems(fam / _BUDGETS)]
-        for task in _tasks(fam):
-            for model in _stems(fam / _MODELS):
+        budgets, models = [None, *_names(fam, _BUDGETS)], _names(fam, _MODELS)
+        for task in _names(fam, _TASKS):
+            for model in models:
                 names.update(f"{rel}/{task}/{b + '/' if b else ''}{model}" for b in budgets)
     return sorted(n for n in names if n.startswith(prefix))
 
@@ -1068,8 +1161,9 @@ def find_config(spec: str) -> Path:
 
 
 def describe_config(spec: str | Path) -> list[str]:
-    """The files a config is merged from, first to last (relative to :func:`config_dir` when inside it); a
-    task file's per-model / per-budget entry appears as ``lra/_tasks/listops.yaml (models.primal_plus)``."""
+    """The files a config is merged from, first to last (relative to :func:`config_dir` when inside it); a table
+    entry appears as ``lra/_models.yaml (primal_plus)``, a task file's per-model / per-budget entry as
+    ``lra/_tasks/listops.yaml (models.primal_plus)``."""
     return _compose(str(spec))[1]
 
 
@@ -1129,4 +1223,11 @@ def dump_config(cfg: RunConfig) -> str:
     d = cfg.to_dict()
     if cfg.task != RL_TASK and d["rl"] == asdict(RLConfig()):
         d.pop("rl")
+    if cfg.task != VISION_TASK and d["augment"] == asdict(AugmentConfig()):
+        d.pop("augment")
+    if cfg.task != VISION_TASK:  # keys only vision uses, left out so that other runs' config.yaml reads as before
+        defaults = RunConfig().to_dict()
+        for section, key in _VISION_KEYS:
+            if d[section][key] == defaults[section][key]:
+                d[section].pop(key)
     return yaml.safe_dump(d, sort_keys=False)

@@ -71,13 +71,17 @@ class ClassificationModule(L.LightningModule):
 
     def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
         task, loss, aux, acc = self._losses(batch)
+        self.log_train(loss, task, aux, acc, batch[-1].shape[0])
+        return loss
+
+    def log_train(self, loss: Tensor, task: Tensor, aux: Tensor | None, acc: Tensor, batch_size: int) -> None:
+        """The training-step metrics (``train/loss`` per step and epoch; the parts and accuracy per epoch)."""
         # sync_dist: under DDP the logged values are means over all ranks, not rank 0's shard.
-        kw: dict[str, Any] = {"batch_size": batch[-1].shape[0], "sync_dist": True}
+        kw: dict[str, Any] = {"batch_size": batch_size, "sync_dist": True}
         self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, **kw)
         self.log("train/task_loss", task, on_step=False, on_epoch=True, **kw)
         self.log("train/aux_loss", 0.0 if aux is None else aux.detach(), on_step=False, on_epoch=True, **kw)
         self.log("train/acc", acc, on_step=False, on_epoch=True, **kw)
-        return loss
 
     def validation_step(self, batch: tuple[Tensor, ...], batch_idx: int, dataloader_idx: int = 0) -> None:
         task, _, _, acc = self._losses(batch)
@@ -94,7 +98,10 @@ class ClassificationModule(L.LightningModule):
         self.log("test/acc", acc, on_epoch=True, batch_size=bs, sync_dist=True)
 
     def configure_optimizers(self) -> Any:
-        opt = build_optimizer(self.optim, self.parameters())
+        return self.with_schedule(build_optimizer(self.optim, self.parameters()))
+
+    def with_schedule(self, opt: torch.optim.Optimizer) -> Any:
+        """What ``configure_optimizers`` returns for ``opt``: it alone, or it with the per-step learning-rate schedule."""
         sch = self.schedule
         if sch.warmup_steps == 0 and sch.decay == "constant":
             return opt

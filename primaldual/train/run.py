@@ -39,18 +39,28 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 
-from ..models import RetrievalClassifier, SequenceClassifier, TimeSeriesClassifier
+from ..models import RetrievalClassifier, SequenceClassifier, TimeSeriesClassifier, VisionClassifier
 from ..options import check_int
 from ..utils.io import atomic_write_json, atomic_write_text
 from .callbacks import AtomicCheckpointIO, EpochHistory, EpochSeed
 from .checkpoints import check_fits, load_checkpoint, resume_checkpoint
-from .config import LM_TASK, RL_TASK, ConfigError, RunConfig, check_machine, dump_config, load_config
+from .config import (
+    LM_TASK,
+    RL_TASK,
+    VISION_TASK,
+    ConfigError,
+    RunConfig,
+    check_machine,
+    dump_config,
+    load_config,
+)
 from .datamodule import UEADataModule
 from .lm import LanguageModelModule, LMDataModule, build_lm, lm_report, lm_results
 from .lock import LOCK_NAME, RunLock
 from .lra_data import LRADataModule, labels_of
 from .module import ClassificationModule
 from .protocols import get_protocol
+from .vision import VisionDataModule, VisionModule
 
 __all__ = [
     "build_datamodule",
@@ -81,6 +91,8 @@ def build_datamodule(cfg: RunConfig) -> UEADataModule | LRADataModule | LMDataMo
         return UEADataModule(cfg.data, cfg.protocol, cfg.seed)
     if cfg.task == LM_TASK:
         return LMDataModule(cfg.data, cfg.seed)
+    if cfg.task == VISION_TASK:
+        return VisionDataModule(cfg.data, cfg.seed)
     return LRADataModule(cfg.data, cfg.task, cfg.seed)
 
 
@@ -108,6 +120,19 @@ def build_model(cfg: RunConfig, dm: UEADataModule | LRADataModule) -> nn.Module:
     if kind == "timeseries":
         return TimeSeriesClassifier(dm.num_channels, dm.num_classes, dm.max_len, **common)
     classes = _from_data(m.num_classes, dm.num_classes, "model.num_classes")
+    if kind == "vit":
+        if dm.image_size % m.patch_size:
+            raise ConfigError(f"model.patch_size: {m.patch_size} must divide the image side ({dm.image_size})")
+        return VisionClassifier(
+            dm.image_size,
+            m.patch_size,
+            classes,
+            in_channels=dm.channels,
+            drop_path=m.drop_path,
+            mean=dm.mean,
+            std=dm.std,
+            **common,
+        )
     vocab = m.vocab_size if m.vocab_size is not None else dm.vocab_size
     if vocab < dm.vocab_size:
         raise ConfigError(f"model.vocab_size: {vocab} is smaller than the data's vocabulary ({dm.vocab_size})")
@@ -123,6 +148,17 @@ def build_module(cfg: RunConfig, dm: UEADataModule | LRADataModule | LMDataModul
     if cfg.task == LM_TASK:
         model = build_model(cfg, dm)
         return LanguageModelModule(model, cfg.optim, cfg.schedule, total, dm.split_bytes, dm.split_targets)
+    if cfg.task == VISION_TASK:
+        return VisionModule(
+            build_model(cfg, dm),
+            cfg.optim,
+            cfg.schedule,
+            total,
+            cfg.augment,
+            num_classes=dm.num_classes,
+            image_size=dm.image_size,
+            seed=cfg.seed,
+        )
     return ClassificationModule(build_model(cfg, dm), cfg.optim, dm.eval_splits, cfg.schedule, total)
 
 

@@ -51,7 +51,7 @@ def _batches(count: int = 2, size: int = 3, pad: bool = True):
 
 
 def _check_result(result, names, points=POINTS):
-    assert set(result) == {"layers", "samples", "points", "power"} and result["points"] == points
+    assert set(result) == {"layers", "samples", "points", "power", "k_max"} and result["points"] == points
     assert [layer["mechanism"] for layer in result["layers"]] == names
     for layer in result["layers"]:
         assert set(layer) == {"name", "mechanism", "weights_meaning", "num_heads", "spectrum", "redundancy"}
@@ -64,10 +64,19 @@ def _check_result(result, names, points=POINTS):
         assert (curve.diff(dim=-1) >= -1e-9).all(), "cumulative curves must be non-decreasing"
         assert torch.allclose(curve[:, -1], torch.ones(H, dtype=torch.float64), atol=1e-9)
         assert torch.allclose(torch.tensor(spec["curve_mean"], dtype=torch.float64), curve.mean(0))
-        for key in ("effective_rank", "rank90", "rank99"):
+        old = {"curve", "curve_mean", "effective_rank", "rank90", "rank99"}  # keys of earlier analysis.json files
+        assert set(spec) == old | {"curve_k", "curve_k_mean", "k90", "k99", "tokens"}
+        for key in ("effective_rank", "rank90", "rank99", "k90", "k99"):
             assert len(spec[key]) == H and all(isinstance(v, float) for v in spec[key])
         assert all(1 - 1e-9 <= v <= N for v in spec["effective_rank"])
         assert all(0 < a <= b <= 1 for a, b in zip(spec["rank90"], spec["rank99"]))
+        assert all(1 <= a <= b <= N for a, b in zip(spec["k90"], spec["k99"]))
+        assert 2 <= spec["tokens"] <= N
+        # first-k curves: all N components here (N < k_max), non-decreasing, saturated at the end
+        curve_k = torch.tensor(spec["curve_k"], dtype=torch.float64)
+        assert curve_k.shape == (H, N) and (curve_k.diff(dim=-1) >= -1e-9).all()
+        assert torch.allclose(curve_k[:, -1], torch.ones(H, dtype=torch.float64), atol=1e-9)
+        assert torch.allclose(torch.tensor(spec["curve_k_mean"], dtype=torch.float64), curve_k.mean(0))
         red = layer["redundancy"]
         assert set(red) == {"maps", "outputs"}
         assert isinstance(red["maps"], float) and -1 - 1e-9 <= red["maps"] <= 1 + 1e-9
@@ -79,7 +88,9 @@ def test_structure_padding_and_json_round_trip(name, tmp_path):
     model = Classifier(name).train()
     result = analyze_model(model, _batches(), points=POINTS)
     _check_result(result, [name, name])
-    assert result["samples"] == 6 and result["power"] == 1
+    assert result["samples"] == 6 and result["power"] == 1 and result["k_max"] == 64
+    # real tokens per sample: 10, 6 and 2 in each batch
+    assert all(layer["spectrum"]["tokens"] == pytest.approx(6.0) for layer in result["layers"])
     assert [layer["name"] for layer in result["layers"]] == ["enc.blocks.0.attn", "enc.blocks.1.attn"]
     assert model.training, "the model's training flag is restored"
     path = write_json(result, tmp_path / "sub" / "analysis.json")
@@ -120,7 +131,7 @@ def test_layer_called_twice_is_aggregated_over_calls():
     # the same encoder fed both towers' samples as one batch gives the same per-sample average
     single = analyze_model(model.enc, [(torch.cat([a, b]), None)], points=POINTS)
     for two, one in zip(result["layers"], single["layers"]):
-        for key in ("curve", "effective_rank", "rank90", "rank99"):
+        for key in ("curve", "effective_rank", "rank90", "rank99", "curve_k", "k90", "k99", "tokens"):
             got = torch.tensor(two["spectrum"][key], dtype=torch.float64)
             assert torch.allclose(got, torch.tensor(one["spectrum"][key], dtype=torch.float64), atol=1e-6)
         assert two["redundancy"]["maps"] == pytest.approx(one["redundancy"]["maps"], abs=1e-6)
@@ -141,6 +152,8 @@ def test_rank_one_attention_reaches_one_at_the_first_component():
     curve = torch.tensor(entry["spectrum"]["curve"], dtype=torch.float64)
     assert torch.allclose(curve[:, POINTS // 2 :], torch.ones_like(curve[:, POINTS // 2 :]))
     assert entry["spectrum"]["effective_rank"] == pytest.approx([1.0] * HEADS, abs=1e-6)
+    assert entry["spectrum"]["k90"] == [1.0] * HEADS and entry["spectrum"]["k99"] == [1.0] * HEADS
+    assert entry["spectrum"]["curve_k_mean"] == pytest.approx([1.0] * N)
     assert entry["redundancy"]["maps"] == pytest.approx(1.0)  # identical uniform maps in every head
     # and directly on hand-made rank-one weights
     u, v = torch.randn(2, HEADS, N, 1), torch.randn(2, HEADS, 1, N)

@@ -33,8 +33,8 @@ def test_configs_folder_holds_at_most_30_files():
 
 
 def test_list_configs_is_the_old_set_without_fragments():
-    # lm/ and rl/: added after the freeze (test_lm.py, test_rl.py)
-    names = [n for n in list_configs() if not n.startswith(("lm/", "rl/"))]
+    # lm/, rl/ and vision/: added after the freeze (test_lm.py, test_rl.py, test_vision.py)
+    names = [n for n in list_configs() if not n.startswith(("lm/", "rl/", "vision/"))]
     assert names == sorted(FROZEN) and len(names) == 111
     assert not [n for n in names if any(part.startswith("_") for part in n.split("/"))]
     assert list_configs("uea/JapaneseVowels/") == [
@@ -68,7 +68,7 @@ def test_describe_config_lists_the_files_in_merge_order():
     assert describe_config("lra/listops/reduced/primal_plus") == [
         "lra/_base.yaml",
         "lra/_tasks/listops.yaml",
-        "lra/_models/primal_plus.yaml",
+        "lra/_models.yaml (primal_plus)",
         "lra/_budgets/reduced.yaml",
         "lra/_tasks/listops.yaml (models.primal_plus)",
         "lra/_tasks/listops.yaml (budgets.reduced)",
@@ -77,13 +77,13 @@ def test_describe_config_lists_the_files_in_merge_order():
     assert describe_config("uea/Heartbeat/transformer") == [
         "uea/_base.yaml",
         "uea/_tasks.yaml (Heartbeat)",
-        "uea/_models/transformer.yaml",
+        "uea/_models.yaml (transformer)",
     ]
     assert find_config("uea/default") == config_dir() / "uea" / "default.yaml"
     assert find_config("uea/Heartbeat/transformer") == config_dir() / "uea" / "_tasks.yaml"
 
 
-@pytest.mark.parametrize("spec", ["lra/_models/primal_plus", "uea/_base", "lra/_tasks/listops"])
+@pytest.mark.parametrize("spec", ["lra/_models", "uea/_base", "lra/_tasks/listops", "uea/_tasks"])
 def test_a_fragment_is_not_a_config(spec):
     with pytest.raises(ConfigError, match="is a fragment"):
         load_config(spec)
@@ -92,8 +92,10 @@ def test_a_fragment_is_not_a_config(spec):
 
 
 def test_unknown_name_lists_the_parts():
-    with pytest.raises(ConfigError, match=r"not found .*tasks \['image', 'listops'"):
+    with pytest.raises(ConfigError, match=r"not found .*tasks \['image', 'listops'.*models \['linear', 'linear_bn'"):
         load_config("lra/listop/primal_plus")
+    with pytest.raises(ConfigError, match=r"not found .*models \['primal_plus', 'primalformer', 'transformer'\]"):
+        load_config("uea/Heartbeat/primal")
 
 
 def test_user_file_builds_on_a_composed_name(tmp_path):
@@ -167,8 +169,8 @@ def test_unknown_keys_in_fragments_name_the_file_and_key(configs):
     _edit(task, "primalformer: {model: {atention: x}, vars:", "primalformr: {vars:")
     with pytest.raises(ConfigError, match=r"_tasks/listops.yaml: models: unknown model 'primalformr'"):
         load_config("lra/listops/transformer")
-    _edit(configs / "lra" / "_models" / "linear.yaml", "model:", "modle:")
-    with pytest.raises(ConfigError, match=r"_models/linear.yaml: unknown config key 'modle'"):
+    _edit(configs / "lra" / "_models.yaml", "model: {attention: linear,", "modle: {attention: linear,")
+    with pytest.raises(ConfigError, match=r"lra/_models.yaml: unknown config key 'linear.modle'"):
         load_config("lra/image/linear")
     _edit(configs / "lra" / "_budgets" / "reduced.yaml", "optim:", "name: x\noptim:")
     with pytest.raises(ConfigError, match=r"_budgets/reduced.yaml: unknown config key 'name' \(a fragment cannot"):
@@ -202,3 +204,66 @@ def test_a_task_table_entry_is_checked_like_a_task_file(configs):
     table.write_text(table.read_text().replace("nope: 1", "batch_size: 4") + "  models: {transformr: {}}\n")
     with pytest.raises(ConfigError, match="unknown model 'transformr'"):
         load_config("uea/Broken/transformer")
+
+
+def test_model_tables_keep_every_name():
+    # the models moved from one _models/<model>.yaml file each into one _models.yaml per family: the same names
+    trio = ["primal_plus", "primalformer", "transformer"]
+    svr = ["linear", "linear_bn", "softmax_bn", "softmax_bn_sh", "softmax_sh"]
+    models = {"lra": sorted([*trio, *svr]), "uea": trio, "lm": trio}
+    for family, tasks, budgets in (("lra", 5, 2), ("uea", 10, 1), ("lm", 2, 2)):
+        composed = [n for n in list_configs(f"{family}/") if n.count("/") >= 2]
+        assert sorted({n.rsplit("/", 1)[1] for n in composed}) == models[family]
+        assert len(composed) == tasks * budgets * len(models[family])
+        assert not (config_dir() / family / "_models").exists()
+
+
+def test_a_model_table_entry_is_checked_like_a_model_file(configs, tmp_path):
+    table = configs / "lra" / "_models.yaml"
+    _edit(table, "model: {attention: linear,", "model: {atention: linear,")
+    with pytest.raises(ConfigError, match=r"lra/_models.yaml: unknown config key 'linear.model.atention'"):
+        load_config("lra/image/linear")
+    _edit(table, "model: {atention: linear,", "name: x\n  model: {attention: linear,")
+    with pytest.raises(ConfigError, match=r"_models.yaml: unknown config key 'linear.name' \(a fragment cannot"):
+        load_config("lra/image/linear")
+    _edit(table, "name: x\n", "models: {}\n")
+    with pytest.raises(ConfigError, match=r"_models.yaml: unknown config key 'linear.models'"):
+        load_config("lra/image/linear")
+    _edit(table, "models: {}\n", "defaults: [lra/_budgets/reduced]\n")
+    with pytest.raises(ConfigError, match=r"_models.yaml: model 'linear': a model-table entry cannot have defaults"):
+        load_config("lra/image/linear")
+    _edit(table, "defaults: [lra/_budgets/reduced]\n", "")
+    assert load_config("lra/image/linear").model.attention == "linear"
+    table.write_text(table.read_text() + "\nbroken: [1]\n")
+    with pytest.raises(ConfigError, match=r"_models.yaml: model 'broken': expected a mapping, got list"):
+        list_configs()
+    table.write_text(table.read_text().replace("broken: [1]", "_hidden: {}"))
+    with pytest.raises(ConfigError, match=r"_models.yaml: model names must be plain names, got '_hidden'"):
+        load_config("lra/image/linear")
+    # the table is no fragment to build on: its entries are used through composed names
+    table.write_text(table.read_text().replace("_hidden: {}", ""))
+    (tmp_path / "mine.yaml").write_text("defaults: [lra/_models]\n")
+    with pytest.raises(ConfigError, match=r"defaults entry 'lra/_models' is a model table"):
+        load_config(tmp_path / "mine.yaml")
+
+
+def test_a_model_file_beside_the_table(configs):
+    (configs / "lra" / "_models").mkdir()
+    (configs / "lra" / "_models" / "mine.yaml").write_text("model: {attention: linear, attention_options: null}\n")
+    assert {"lra/image/mine", "lra/listops/reduced/mine"} <= set(list_configs())
+    assert load_config("lra/image/mine").model.attention == "linear"
+    assert describe_config("lra/image/mine")[2] == "lra/_models/mine.yaml"
+    assert describe_config("lra/image/linear")[2] == "lra/_models.yaml (linear)"
+    # a name both in the table and a file: ambiguous, so an error naming both (for every name of the family)
+    (configs / "lra" / "_models" / "linear.yaml").write_text("model: {attention: softmax}\n")
+    both = r"lra/_models.yaml: model 'linear' is both an entry here and a file, .*lra/_models/linear.yaml; keep one"
+    for name in ("lra/image/linear", "lra/image/transformer"):
+        with pytest.raises(ConfigError, match=both):
+            load_config(name)
+    with pytest.raises(ConfigError, match=both):
+        list_configs()
+    # the same for tasks
+    (configs / "uea" / "_tasks").mkdir()
+    (configs / "uea" / "_tasks" / "Heartbeat.yaml").write_text("data: {name: Heartbeat}\n")
+    with pytest.raises(ConfigError, match=r"uea/_tasks.yaml: task 'Heartbeat' is both an entry here and a file"):
+        load_config("uea/Heartbeat/transformer")
