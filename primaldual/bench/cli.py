@@ -1,4 +1,4 @@
-"""``primaldual bench {layers,lra,decode,profile,plot}`` and ``primaldual smoke``: the benchmark subcommands."""
+"""``primaldual bench {layers,lra,steps,decode,profile,plot}`` and ``primaldual smoke``: the benchmark subcommands."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def _profile(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``bench`` (with its sub-subcommands) and ``smoke`` to the ``primaldual`` parser."""
-    from . import decode, layers, lra
+    from . import decode, layers, lra, steps
 
     p = subparsers.add_parser(
         "smoke",
@@ -76,7 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     bench = subparsers.add_parser(
         "bench",
-        help="efficiency benchmarks (layer sweeps, LRA steps, profiles, plots)",
+        help="efficiency benchmarks (layer sweeps, LRA steps, config training steps, profiles, plots)",
         formatter_class=FORMATTER,
         epilog=examples(
             "primaldual bench layers --attentions softmax,primal --lengths 256,1024 --out runs/bench/layers.json",
@@ -106,6 +106,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     lra.add_arguments(p)
     p.set_defaults(func=_lra)
+    p = sub.add_parser(
+        "steps",
+        help="ms per full training step of training configs, interleaved in one process, with ratios",
+        description=(
+            "Time the full training step (training_loss forward incl. batch augmentation, backward, optimiser step,\n"
+            "zero_grad) of each training config on one fixed batch, interleaved in one process so that the ratios\n"
+            "hold on a noisy machine. No data loading, evaluation or Lightning loop; float32 on the CPU. Take\n"
+            "timings with nothing else running."
+        ),
+        formatter_class=FORMATTER,
+        epilog=examples(
+            "primaldual bench steps vision/fashion_mnist/deit vision/fashion_mnist/primal_plus --threads 2",
+            "primaldual bench steps uea/JapaneseVowels/transformer uea/JapaneseVowels/primalformer --rounds 9",
+            "primaldual bench steps lra/listops/transformer lra/listops/primal_plus --batch 8 --set model.dropout=0.0",
+            note="Writes OUT/steps.json and OUT/steps.md; the ratio column is relative to the first CONFIG.",
+        ),
+    )
+    steps.add_arguments(p)
+    p.set_defaults(func=steps.run_from_args)
     p = sub.add_parser(
         "decode",
         help="per-token latency and memory of generation against context length (KV cache vs constant state)",

@@ -208,11 +208,17 @@ class LanguageModelModule(ClassificationModule):
         )
         return nll, real.sum()
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def training_loss(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> tuple[Tensor, Tensor, Tensor | None, None]:
+        """``(loss, task loss, aux loss or None, None)`` of one training batch (no accuracy for a language model): the
+        training step without logging (``primaldual bench steps`` times it)."""
         nll, count = self._nll(batch)
         task = nll / count.clamp_min(1)
         aux = collect_aux_loss(self.model)
         loss = task if aux is None else task + aux
+        return loss, task, aux, None
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        loss, task, aux, _ = self.training_loss(batch, batch_idx)
         kw: dict[str, Any] = {"batch_size": batch[0].shape[0], "sync_dist": True}
         self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, **kw)
         self.log("train/task_loss", task, on_step=False, on_epoch=True, **kw)

@@ -69,8 +69,14 @@ class ClassificationModule(L.LightningModule):
         acc = (logits.argmax(-1) == y).float().mean()
         return task, task if aux is None else task + aux, aux, acc
 
-    def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
+    def training_loss(self, batch: tuple[Tensor, ...], batch_idx: int) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+        """``(loss, task loss, aux loss or None, accuracy)`` of one training batch: the training step without logging
+        (``primaldual bench steps`` times it)."""
         task, loss, aux, acc = self._losses(batch)
+        return loss, task, aux, acc
+
+    def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
+        loss, task, aux, acc = self.training_loss(batch, batch_idx)
         self.log_train(loss, task, aux, acc, batch[-1].shape[0])
         return loss
 

@@ -168,7 +168,7 @@ class VisionModule(ClassificationModule):
         key = np.random.SeedSequence([self.seed, int(self.global_step), batch_idx % accumulate, rank])
         return torch.Generator().manual_seed(int(key.generate_state(1, np.uint64)[0] >> 1))
 
-    def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
+    def training_loss(self, batch: tuple[Tensor, ...], batch_idx: int) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
         from ..data.augment import soft_target_cross_entropy
 
         images, y = batch
@@ -178,8 +178,7 @@ class VisionModule(ClassificationModule):
         aux = collect_aux_loss(self.model)
         loss = task if aux is None else task + aux
         acc = (logits.argmax(-1) == y).float().mean()  # against the unmixed labels
-        self.log_train(loss, task, aux, acc, y.shape[0])
-        return loss
+        return loss, task, aux, acc
 
     def configure_optimizers(self) -> Any:
         # timm's rule: no weight decay on biases, norms (1-D parameters), the CLS token and the positions
