@@ -22,7 +22,13 @@ __all__ = ["analyze_run", "format_summary", "register"]
 
 
 def analyze_run(
-    run_dir: str | Path, *, ckpt: str = "best", split: str = "test", samples: int = 64, batch_size: int = 16
+    run_dir: str | Path,
+    *,
+    ckpt: str = "best",
+    split: str = "test",
+    samples: int = 64,
+    batch_size: int = 16,
+    power: int = 1,
 ) -> dict[str, Any]:
     """Load a run's checkpoint and analyse it on ``samples`` examples of ``split`` (see the module docstring).
 
@@ -55,7 +61,7 @@ def analyze_run(
     check_fits(module, {"state_dict": state}, path, str(cfg_path))
     module.load_state_dict(state)
     loader = DataLoader(dm.datasets[split], batch_size=batch_size, shuffle=False)
-    result = analyze_model(module.model, loader, max_samples=samples)
+    result = analyze_model(module.model, loader, max_samples=samples, power=power)
     result.update(
         run_dir=str(run_dir),
         name=cfg.name,
@@ -80,10 +86,12 @@ def _fmt(x: float | None, spec: str = ".3f") -> str:
 
 
 def format_summary(results: dict[str, dict[str, Any]]) -> str:
-    """Markdown table: per run and layer, head means of effective rank, rank90 (fraction of N) and redundancy."""
+    """Markdown table: per run and layer, head means of effective rank, k90 / k99 (components for 90% / 99% of the
+    mass, absolute and as a fraction of N) and redundancy."""
     lines = [
-        "| run | layer | mechanism | effective rank | rank90 / N | rank99 / N | redundancy (maps) | redundancy (outputs) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| run | layer | mechanism | effective rank | k90 | k99 | rank90 / N | rank99 / N | redundancy (maps) "
+        "| redundancy (outputs) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, res in results.items():
         for i, layer in enumerate(res["layers"]):
@@ -91,6 +99,7 @@ def format_summary(results: dict[str, dict[str, Any]]) -> str:
             red = layer.get("redundancy") or {}
             lines.append(
                 f"| {label} | {i} | {layer['mechanism']} | {_fmt(_mean(sp.get('effective_rank')), '.2f')} | "
+                f"{_fmt(_mean(sp.get('k90')), '.1f')} | {_fmt(_mean(sp.get('k99')), '.1f')} | "
                 f"{_fmt(_mean(sp.get('rank90')))} | {_fmt(_mean(sp.get('rank99')))} | {_fmt(red.get('maps'))} | "
                 f"{_fmt(red.get('outputs'))} |"
             )
@@ -116,7 +125,9 @@ def _cmd(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     results: dict[str, dict[str, Any]] = {}
     for i, run in enumerate(args.runs):
-        res = analyze_run(run, ckpt=args.ckpt, split=args.split, samples=args.samples, batch_size=args.batch)
+        res = analyze_run(
+            run, ckpt=args.ckpt, split=args.split, samples=args.samples, batch_size=args.batch, power=args.power
+        )
         label = args.labels[i] if args.labels else res["name"]
         if label in results:  # two runs of one config (seeds, --attention overrides): name them by directory
             label = f"{label} ({Path(run).name})"
@@ -158,6 +169,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--split", default="test", help="data split to feed (default test)")
     p.add_argument("--samples", type=int, default=64, help="examples analysed per run")
     p.add_argument("--batch", type=int, default=16, help="batch size of the forward passes")
+    p.add_argument(
+        "--power",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="1: cumulative singular values (the paper's plot); 2: cumulative explained variance",
+    )
     p.add_argument("--labels", nargs="+", default=None, help="one name per run (default: the run's config name)")
     p.add_argument("--out", default=None, help="output folder (default <run_dir>/analysis; needed to compare runs)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")

@@ -208,7 +208,8 @@ class ScheduleConfig:
 class TrainerConfig:
     """Arguments passed to ``lightning.Trainer`` (see its documentation). ``accumulate_grad_batches``: batches whose
     gradients are summed into one optimiser step (``max_steps``, ``val_check_interval`` and the schedule count
-    optimiser steps)."""
+    optimiser steps). ``compile``: train the model compiled with ``torch.compile`` (checked against eager on the
+    first validation batch; eager training, with a message, where compilation fails or disagrees)."""
 
     max_epochs: int = 100
     max_steps: int = -1  # > 0: step-based training (LRA); max_epochs is then ignored
@@ -222,6 +223,7 @@ class TrainerConfig:
     log_every_n_steps: int = 5
     enable_progress_bar: bool = True
     accumulate_grad_batches: int = 1
+    compile: bool = False
 
 
 @dataclass
@@ -561,6 +563,11 @@ def _validate(cfg: RunConfig) -> None:
     check_int("trainer.log_every_n_steps", t.log_every_n_steps, low=1)
     check_int("trainer.accumulate_grad_batches", t.accumulate_grad_batches, low=1)
     check_bool("trainer.enable_progress_bar", t.enable_progress_bar)
+    check_bool("trainer.compile", t.compile)
+    if t.compile and cfg.task == RL_TASK:
+        raise ConfigError(
+            "trainer.compile: task 'offline_rl' runs its own loop, which does not compile; set it to false"
+        )
 
 
 def _validate_devices(v: Any) -> None:
@@ -675,6 +682,7 @@ _ADDED_KEYS = [
     *(("optim", k) for k in ("betas", "eps")),
     *(("trainer", k) for k in ("max_steps", "val_check_interval", "accumulate_grad_batches")),
     *_VISION_KEYS,
+    ("trainer", "compile"),
 ]
 
 _SECTIONS = {
@@ -1225,6 +1233,8 @@ def dump_config(cfg: RunConfig) -> str:
         d.pop("rl")
     if cfg.task != VISION_TASK and d["augment"] == asdict(AugmentConfig()):
         d.pop("augment")
+    if not cfg.trainer.compile:  # left out when off, so that the config.yaml of earlier runs reads as before
+        d["trainer"].pop("compile")
     if cfg.task != VISION_TASK:  # keys only vision uses, left out so that other runs' config.yaml reads as before
         defaults = RunConfig().to_dict()
         for section, key in _VISION_KEYS:

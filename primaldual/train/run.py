@@ -310,6 +310,8 @@ def _fit(cfg: RunConfig, run_dir: Path, protocol: Any, dm: Any, module: Classifi
     logger = CSVLogger(run_dir, name="logs")
     seeder = EpochSeed(cfg.seed, cfg.trainer.accumulate_grad_batches)
     trainer = _trainer(cfg, run_dir, [seeder, history, last_ckpt], logger)
+    if cfg.trainer.compile:
+        _compile(module, dm, trainer, note if trainer.is_global_zero else (lambda msg: None))
     if verbose and trainer.is_global_zero:
         n = sum(p.numel() for p in module.parameters())
         print(
@@ -373,6 +375,17 @@ def _fit(cfg: RunConfig, run_dir: Path, protocol: Any, dm: Any, module: Classifi
                 flush=True,
             )
     return summary
+
+
+def _compile(module: ClassificationModule, dm: Any, trainer: L.Trainer, note: Any) -> None:
+    """``trainer.compile``: the model compiled in place on the run's device, checked on the first validation batch."""
+    from .compile import compile_model
+
+    device = trainer.strategy.root_device
+    batch = next(iter(dm.val_dataloader()[0]))
+    inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in batch[:-1]]
+    module.model.to(device)
+    compile_model(module.model, inputs, note)
 
 
 def run_config(run_dir: str | os.PathLike, overrides: list[str] | None = None) -> RunConfig:

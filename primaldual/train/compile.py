@@ -1,0 +1,75 @@
+"""``trainer.compile``: compile a run's model with ``torch.compile``, checked against eager before training.
+
+The model is compiled in place (``nn.Module.compile``), so parameter names, checkpoints and ``primaldual analyze``
+are the same as for an eager run, and a run may be resumed with compilation switched on or off. Before training,
+the first validation batch is run through the model eagerly and compiled (eval mode, no gradients, so dropout and
+the KSVD terms play no part) and the two outputs are compared. Where compilation raises (no C++ compiler for the
+CPU backend, an unsupported operation) or the outputs disagree, the model is left eager and one line says why;
+training never stops for it. Training itself compiles a second graph (with gradients) on its first step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..aux_loss import collect_aux_loss
+
+__all__ = ["compile_model"]
+
+_RTOL, _ATOL = 1e-3, 1e-4  # float32 kernels of another order of summation, not another result
+
+
+def _uncompile(model: nn.Module) -> None:
+    if hasattr(model, "_compiled_call_impl"):
+        model._compiled_call_impl = None
+
+
+def _outputs(out: Any) -> list[Tensor]:
+    if isinstance(out, Tensor):
+        return [out]
+    if isinstance(out, Sequence):
+        return [t for o in out for t in _outputs(o)]
+    return []
+
+
+def compile_model(model: nn.Module, inputs: Sequence[Any], note: Callable[[str], None]) -> bool:
+    """Compile ``model`` in place and check ``model(*inputs)`` against eager; True when it trains compiled.
+
+    Args:
+        model: the task model. inputs: one batch of its inputs (e.g. ``(tokens, mask)``), on the model's device.
+        note: where the one-line outcome goes (``print`` on rank 0).
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            ref = _outputs(model(*inputs))
+            collect_aux_loss(model)
+            model.compile()
+            got = _outputs(model(*inputs))
+            collect_aux_loss(model)
+    except Exception as e:  # any failure of the compiler: train eagerly
+        _uncompile(model)
+        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        note(f"trainer.compile: compilation failed ({type(e).__name__}: {reason}); training eagerly")
+        return False
+    finally:
+        model.train(was_training)
+    if len(ref) != len(got) or any(
+        r.shape != g.shape or not torch.allclose(r.float(), g.float(), rtol=_RTOL, atol=_ATOL)
+        for r, g in zip(ref, got, strict=True)
+    ):
+        _uncompile(model)
+        worst = max(((r.float() - g.float()).abs().max().item() for r, g in zip(ref, got)), default=float("nan"))
+        note(
+            f"trainer.compile: the compiled model disagrees with eager on the first validation batch (max abs "
+            f"difference {worst:.3g} > atol {_ATOL} + rtol {_RTOL}); training eagerly"
+        )
+        return False
+    worst = max((r.float() - g.float()).abs().max().item() for r, g in zip(ref, got, strict=True))
+    note(f"trainer.compile: compiled with torch.compile; matches eager on the first validation batch ({worst:.2g})")
+    return True

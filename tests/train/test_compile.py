@@ -1,0 +1,73 @@
+"""``trainer.compile``: a run trains compiled (checked against eager first), falls back to eager with one line when
+compilation fails or disagrees, and leaves the stored config of uncompiled runs as it was."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from torch import nn
+
+from primaldual.models import SequenceClassifier
+from primaldual.train.compile import compile_model
+from primaldual.train.config import ConfigError, RunConfig, dump_config, load_config
+
+from .helpers import fit_cmd, run, write_config
+
+
+def _model_and_inputs():
+    torch.manual_seed(0)
+    model = SequenceClassifier(16, 3, 12, dim=16, depth=2, num_heads=2, ffn_dim=32, attention=["softmax", "primal"])
+    tokens = torch.randint(0, 16, (4, 12))
+    return model, (tokens, torch.ones(4, 12, dtype=torch.bool))
+
+
+def test_a_compiler_failure_leaves_the_model_eager_with_one_line(monkeypatch):
+    model, inputs = _model_and_inputs()
+    ref = model.eval()(*inputs)
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("no C++ compiler\nsecond line")
+
+    monkeypatch.setattr(nn.Module, "compile", broken)
+    notes: list[str] = []
+    assert compile_model(model, inputs, notes.append) is False
+    assert notes == ["trainer.compile: compilation failed (RuntimeError: no C++ compiler); training eagerly"]
+    assert torch.equal(model(*inputs), ref)
+
+
+def test_a_compiled_model_that_disagrees_with_eager_is_not_used(monkeypatch):
+    model, inputs = _model_and_inputs()
+    ref = model.eval()(*inputs)
+
+    def wrong(self, *args, **kwargs):  # a "compiled" call that returns another result
+        self._compiled_call_impl = lambda *a, **k: self._call_impl(*a, **k) + 1.0
+
+    monkeypatch.setattr(nn.Module, "compile", wrong)
+    notes: list[str] = []
+    assert compile_model(model, inputs, notes.append) is False
+    assert "disagrees with eager" in notes[0] and "training eagerly" in notes[0]
+    assert torch.equal(model(*inputs), ref)  # the wrong compiled call was removed
+
+
+def test_compile_option_is_validated_and_absent_from_uncompiled_configs():
+    with pytest.raises(ConfigError, match="trainer.compile"):
+        load_config("lra/listops/transformer", ["--trainer.compile", "'true'"])
+    with pytest.raises(ConfigError, match="trainer.compile"):
+        load_config("rl/hopper-medium/dt", ["--trainer.compile", "true"])
+    assert "compile" not in dump_config(RunConfig())
+    on = load_config("lra/listops/transformer", ["--trainer.compile", "true"])
+    assert "compile: true" in dump_config(on)
+    assert on.fingerprint() != load_config("lra/listops/transformer").fingerprint()
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None, reason="no C++ compiler for Inductor")
+def test_a_run_trains_compiled(tmp_path):
+    cfg = write_config(tmp_path, **{"trainer.max_epochs": 1, "trainer.compile": True})
+    out = tmp_path / "run"
+    res = run(fit_cmd(cfg, out, "--threads", "1"), timeout=600)
+    assert "trainer.compile: compiled with torch.compile; matches eager" in res.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert 0.0 <= summary["test_acc"] <= 1.0
