@@ -153,6 +153,8 @@ def build_case(case: dict[str, Any]) -> tuple[Any, Any, Any]:
     y = torch.randint(0, t["classes"], (B,), device=device)
     opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
     model.train()
+    if case.get("compile", False):
+        model.compile()  # in place, as trainer.compile; the first (warm-up) steps pay for the compilation
     amp = device.type == "cuda" and case.get("amp", False)
 
     def step():
@@ -238,14 +240,17 @@ def run_lra(
     mem_limit_gb: float = 20.0,
     threads: int = 0,
     amp: bool = False,
+    compile: bool = False,
 ) -> list[dict[str, Any]]:
     """Run every (task, model) case in its own subprocess; writes JSON (atomically) after each case."""
     records: list[dict[str, Any]] = []
     settings = {"batch": batch, "steps": steps, "warmup": warmup, "device": device, "amp": amp, "threads": threads}
+    settings["compile"] = compile
     for task in tasks:
         for model in models:
             case = {"task": task, "model": model, "batch": batch or TASKS[task]["batch"], "steps": steps}
             case.update(warmup=warmup, device=device, mem_limit_gb=mem_limit_gb, threads=threads, amp=amp)
+            case["compile"] = compile
             cmd = [sys.executable, "-m", "primaldual.bench.lra", "--worker", json.dumps(case)]
             t0 = time.time()
             try:
@@ -312,6 +317,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--amp", action="store_true", help="fp16 autocast on CUDA (the paper used AMP)")
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile every model (in place, as trainer.compile); warm-up steps absorb the compilation",
+    )
     p.add_argument("--timeout", type=float, default=1800.0)
     p.add_argument("--mem-limit-gb", type=float, default=20.0)
     p.add_argument("--out", default="runs/bench/lra.json")
@@ -340,6 +350,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         mem_limit_gb=args.mem_limit_gb,
         threads=args.threads,
         amp=args.amp,
+        compile=args.compile,
     )
     print()
     print(lra_table(records))

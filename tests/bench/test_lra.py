@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
+
+import pytest
 
 from primaldual.bench.lra import MODELS, TASKS, lra_table, model_attention, run_lra
 
@@ -36,3 +39,11 @@ def test_profile_command_prints_time_and_memory_tables(tmp_path):
     )
     text = out.read_text()
     assert rc == 0 and "by self cpu time" in text and "by memory allocated" in text and "Self CPU" in text
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None, reason="no C++ compiler for Inductor")
+def test_a_compiled_training_step(tmp_path):
+    out = tmp_path / "lra.json"
+    recs = run_lra(["listops"], ["primalformer"], out, batch=1, steps=1, warmup=1, threads=1, compile=True)
+    assert [r["status"] for r in recs] == ["ok"], recs
+    assert json.loads(out.read_text())["settings"]["compile"] is True
