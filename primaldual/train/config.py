@@ -40,11 +40,13 @@ import hashlib
 import json
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, make_dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from ..data.augment import AugmentSettings
 
 __all__ = [
     "LM_DATASETS",
@@ -242,39 +244,28 @@ class RLConfig:
     action_tanh: bool = True
 
 
-@dataclass
-class AugmentConfig:
-    """Training-time augmentation of task ``vision`` (DeiT's recipe, :mod:`primaldual.data.augment`), applied to each
+def _augment_settings(section: Any) -> Any:
+    """The validated :class:`~primaldual.data.augment.AugmentSettings` of an ``augment`` section."""
+    return AugmentSettings(**{f.name: getattr(section, f.name) for f in fields(AugmentSettings)})
+
+
+# The ``augment`` section: AugmentSettings' fields, defaults (pairs as YAML lists) and checks, but mutable like the
+# other sections, so that overrides and the YAML round trip treat it as they treat them.
+AugmentConfig = make_dataclass(
+    "AugmentConfig",
+    [
+        (f.name, Any, field(default_factory=lambda v=f.default: list(v) if isinstance(v, tuple) else v))
+        for f in fields(AugmentSettings)
+    ],
+    namespace={"settings": _augment_settings, "__module__": __name__},
+)
+AugmentConfig.__doc__ = """Training-time augmentation of task ``vision`` (DeiT's recipe, :mod:`primaldual.data.augment`), applied to each
     training batch; the defaults switch everything off. ``crop_scale``: random resized crop area range (null: no
     crop, the centre ``image_size`` square); ``crop_ratio``: its aspect range; ``hflip``: horizontal flip
     probability; ``randaugment_ops`` (0: off), ``randaugment_magnitude``, ``randaugment_magnitude_std``: timm's
     ``rand-m9-mstd0.5-inc1`` with the subset of operations the module lists; ``erasing``: random-erasing
     probability; ``mixup_alpha`` / ``cutmix_alpha`` (0: off), ``mix_prob``, ``mix_switch_prob``: timm's batch
     mixup / cutmix; ``label_smoothing``."""
-
-    crop_scale: Any = None
-    crop_ratio: Any = (0.75, 4 / 3)
-    hflip: float = 0.0
-    randaugment_ops: int = 0
-    randaugment_magnitude: float = 9.0
-    randaugment_magnitude_std: float = 0.5
-    erasing: float = 0.0
-    mixup_alpha: float = 0.0
-    cutmix_alpha: float = 0.0
-    mix_prob: float = 1.0
-    mix_switch_prob: float = 0.5
-    label_smoothing: float = 0.0
-
-    def settings(self) -> Any:
-        """The validated :class:`~primaldual.data.augment.AugmentSettings` of this section."""
-        from ..data.augment import AugmentSettings
-
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        for key in ("crop_scale", "crop_ratio"):
-            v = values[key]
-            if isinstance(v, list):
-                values[key] = tuple(v)
-        return AugmentSettings(**values)
 
 
 @dataclass

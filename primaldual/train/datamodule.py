@@ -153,9 +153,17 @@ class UEADataModule(L.LightningDataModule):
 class SplitDataModule(L.LightningDataModule):
     """Loaders over ``self.datasets`` (``{"train", "val", "test"}``) for step-based tasks (LRA, language modelling):
     the training split through a :class:`TrainerEpochSampler` (seeded, resumable mid-epoch, one share per rank,
-    epochs cut to whole optimiser updates), the evaluation splits in order. Subclasses set ``cfg`` (a
-    :class:`~primaldual.train.config.DataConfig`), ``seed`` and ``datasets`` in ``setup``.
+    epochs cut to whole optimiser updates), the evaluation splits in order. Subclasses fill ``datasets`` in
+    ``setup``.
+
+    Args:
+        cfg: data settings. seed: shuffle seed.
     """
+
+    def __init__(self, cfg: DataConfig, seed: int = 0) -> None:
+        super().__init__()
+        self.cfg, self.seed = cfg, seed
+        self.datasets: dict[str, Dataset] = {}
 
     @property
     def eval_splits(self) -> list[str]:

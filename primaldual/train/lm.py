@@ -32,14 +32,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import Subset
 
 from ..aux_loss import collect_aux_loss
 from ..data.cache import MissingDataError, dataset_dir
 from ..data.lm import IGNORE_INDEX, bits_per_byte, chunk_splits, unigram_baseline
 from ..options import check_int, check_number
 from ..utils.io import atomic_write_bytes
-from .config import ConfigError, DataConfig, OptimConfig, RunConfig, ScheduleConfig
+from .config import ConfigError, OptimConfig, RunConfig, ScheduleConfig
 from .datamodule import SplitDataModule
 from .module import ClassificationModule
 
@@ -66,11 +66,6 @@ class LMDataModule(SplitDataModule):
     Args:
         cfg: data settings (``name``, ``root``, ``max_len``, batch sizes, ``val_size``). seed: shuffle seed.
     """
-
-    def __init__(self, cfg: DataConfig, seed: int = 0) -> None:
-        super().__init__()
-        self.cfg, self.seed = cfg, seed
-        self.datasets: dict[str, Dataset] = {}
 
     def prepare_data(self) -> None:
         """Nothing to download: the English corpus is fetched by ``primaldual data fetch english``, WikiText by you."""

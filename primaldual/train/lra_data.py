@@ -172,9 +172,8 @@ class LRADataModule(SplitDataModule):
     """
 
     def __init__(self, cfg: DataConfig, task: str, seed: int = 0) -> None:
-        super().__init__()
-        self.cfg, self.task, self.seed = cfg, task, seed
-        self.datasets: dict[str, Dataset] = {}
+        super().__init__(cfg, seed)
+        self.task = task
 
     def prepare_data(self) -> None:
         """Nothing to download up front: :meth:`setup` fetches the stand-ins that are fetchable."""

@@ -30,12 +30,12 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import Subset
 
 from ..aux_loss import collect_aux_loss
 from ..data.cache import MissingDataError
 from ..data.splits import stratified_split
-from .config import VISION_IDX_DATASETS, AugmentConfig, ConfigError, DataConfig, OptimConfig, ScheduleConfig
+from .config import VISION_IDX_DATASETS, AugmentConfig, ConfigError, OptimConfig, ScheduleConfig
 from .datamodule import SplitDataModule
 from .module import ClassificationModule, build_optimizer
 
@@ -55,11 +55,6 @@ class VisionDataModule(SplitDataModule):
     Args:
         cfg: data settings. seed: shuffle seed (splits do not depend on it).
     """
-
-    def __init__(self, cfg: DataConfig, seed: int = 0) -> None:
-        super().__init__()
-        self.cfg, self.seed = cfg, seed
-        self.datasets: dict[str, Dataset] = {}
 
     def prepare_data(self) -> None:
         """Nothing to download: idx files come from the Debian package or a folder, image folders from ``data.root``."""

@@ -13,7 +13,7 @@ import yaml
 from primaldual.bench.steps import TABLE_HEADER, attention_plan, parse_sets
 from primaldual.cli import main
 
-from ..train.helpers import TINY
+from ..train.helpers import TINY, tiny_vision, write_image_folder
 
 PIL = pytest.importorskip("PIL.Image")
 
@@ -23,40 +23,12 @@ FAST = ["--steps", "2", "--rounds", "2", "--warmup", "1", "--threads", "1"]
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     """root/{train,val}/<class>/*.png: 2 classes, 16 x 16 images."""
-    root = tmp_path_factory.mktemp("images")
-    rng = np.random.default_rng(0)
-    for split, count in (("train", 6), ("val", 2)):
-        for name, colour in {"cat": (200, 40, 40), "dog": (40, 200, 40)}.items():
-            d = root / split / name
-            d.mkdir(parents=True)
-            for i in range(count):
-                arr = np.clip(np.array(colour) + rng.normal(0, 25, (16, 16, 3)), 0, 255).astype(np.uint8)
-                PIL.fromarray(arr).save(d / f"{i}.png")
-    return root
+    colours = {"cat": (200, 40, 40), "dog": (40, 200, 40)}
+    return write_image_folder(tmp_path_factory.mktemp("images"), {"train": 6, "val": 2}, colours)
 
 
 def _vision(tmp_path, root, name: str, attention, options) -> str:
-    cfg = {
-        "name": name,
-        "task": "vision",
-        "seed": 0,
-        "data": {"name": "toy", "root": str(root), "image_size": 16, "batch_size": 4, "eval_batch_size": 4},
-        "model": {
-            "kind": "vit",
-            "dim": 16,
-            "depth": 2,
-            "num_heads": 2,
-            "ffn_dim": 32,
-            "dropout": 0.0,
-            "patch_size": 4,
-            "attention": attention,
-            "attention_options": options,
-        },
-        "optim": {"name": "adamw", "lr": 0.003, "weight_decay": 0.05},
-        "schedule": {"warmup_steps": 2, "decay": "cosine"},
-        "trainer": {"max_steps": 8, "accelerator": "cpu", "enable_progress_bar": False},
-        "augment": {"randaugment_ops": 2, "erasing": 0.25, "mixup_alpha": 0.8, "cutmix_alpha": 1.0},
-    }
+    cfg = tiny_vision(root, name, **{"model.attention": attention, "model.attention_options": options})
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return str(path)

@@ -70,3 +70,52 @@ def kill_after_rows(cmd: list[str], run_dir: Path, rows: int, timeout: float = 2
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     return len(history_rows(run_dir))
+
+
+def write_image_folder(root: Path, counts: dict[str, int], colours: dict[str, tuple[int, int, int]], sizes=(16, 16)):
+    """``root/<split>/<class>/<i>.png``: noisy images of one colour per class, sides drawn from ``sizes``."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, count in counts.items():
+        for name, colour in colours.items():
+            d = root / split / name
+            d.mkdir(parents=True)
+            for i in range(count):
+                h, w = (int(rng.integers(sizes[0], sizes[1] + 1)) for _ in range(2))
+                arr = np.clip(np.array(colour) + rng.normal(0, 25, (h, w, 3)), 0, 255).astype(np.uint8)
+                Image.fromarray(arr).save(d / f"{i}.png")
+    return root
+
+
+def tiny_vision(root: Path, name: str = "tiny_vit", **changes) -> dict:
+    """A tiny ViT config (task vision) on the image folder ``root``, with dotted-key ``changes``."""
+    cfg = {
+        "name": name,
+        "task": "vision",
+        "seed": 0,
+        "data": {"name": "toy", "root": str(root), "image_size": 16, "batch_size": 4, "eval_batch_size": 4},
+        "model": {
+            "kind": "vit",
+            "dim": 16,
+            "depth": 2,
+            "num_heads": 2,
+            "ffn_dim": 32,
+            "dropout": 0.0,
+            "patch_size": 4,
+            "attention": "softmax",
+            "attention_options": None,
+        },
+        "optim": {"name": "adamw", "lr": 0.003, "weight_decay": 0.05},
+        "schedule": {"warmup_steps": 2, "decay": "cosine"},
+        "trainer": {"max_steps": 8, "accelerator": "cpu", "enable_progress_bar": False},
+        "augment": {"randaugment_ops": 2, "erasing": 0.25, "mixup_alpha": 0.8, "cutmix_alpha": 1.0},
+    }
+    for key, value in changes.items():
+        node = cfg
+        *parents, last = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[last] = value
+    return cfg

@@ -6,81 +6,42 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
 import yaml
 
 from primaldual.train.config import ConfigError, list_configs, load_config
 
-from .helpers import fit_cmd, history_rows, kill_after_rows, run
+from .helpers import fit_cmd, history_rows, kill_after_rows, run, tiny_vision, write_image_folder
 
 PIL = pytest.importorskip("PIL.Image")
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    """root/{train,val}/<class>/*.png: 3 classes told apart by colour, images of different sizes and modes."""
-    root = tmp_path_factory.mktemp("images")
-    rng = np.random.default_rng(0)
+    """root/{train,val}/<class>/*.png: 3 classes told apart by colour, images of different sizes."""
     colours = {"cat": (200, 40, 40), "dog": (40, 200, 40), "fish": (40, 40, 200)}
-    for split, count in (("train", 10), ("val", 4)):
-        for name, colour in colours.items():
-            d = root / split / name
-            d.mkdir(parents=True)
-            for i in range(count):
-                h, w = int(rng.integers(14, 24)), int(rng.integers(14, 24))
-                arr = np.clip(np.array(colour) + rng.normal(0, 25, (h, w, 3)), 0, 255).astype(np.uint8)
-                PIL.fromarray(arr).save(d / f"{i}.png")
+    root = write_image_folder(tmp_path_factory.mktemp("images"), {"train": 10, "val": 4}, colours, sizes=(14, 23))
     (root / "train" / "cat" / "notes.txt").write_text("not an image")  # skipped, counted
     return root
 
 
 def _config(tmp_path, root, **changes) -> str:
-    cfg = {
-        "name": "tiny_vit",
-        "task": "vision",
+    recipe = {"crop_scale": [0.08, 1.0], "hflip": 0.5, "randaugment_ops": 2, "erasing": 0.25, "mixup_alpha": 0.8}
+    recipe.update(cutmix_alpha=1.0, label_smoothing=0.1)
+    base = {
         "seed": 2,
-        "data": {
-            "name": "toy",
-            "root": str(root),
-            "image_size": 16,
-            "crop_pct": 0.8,
-            "batch_size": 6,
-            "eval_batch_size": 8,
-            "val_fraction": 0.2,
-        },
-        "model": {
-            "kind": "vit",
-            "dim": 16,
-            "depth": 2,
-            "num_heads": 2,
-            "ffn_dim": 32,
-            "dropout": 0.0,
-            "patch_size": 4,
-            "drop_path": 0.1,
-            "attention": ["softmax", "primal"],
-            "attention_options": [None, {"s": 4, "eta": 0.05, "max_len": 17}],
-        },
-        "optim": {"name": "adamw", "lr": 0.003, "weight_decay": 0.05},
-        "schedule": {"warmup_steps": 2, "decay": "cosine"},
-        "trainer": {"max_steps": 8, "val_check_interval": 4, "accelerator": "cpu", "enable_progress_bar": False},
-        "augment": {
-            "crop_scale": [0.08, 1.0],
-            "hflip": 0.5,
-            "randaugment_ops": 2,
-            "erasing": 0.25,
-            "mixup_alpha": 0.8,
-            "cutmix_alpha": 1.0,
-            "label_smoothing": 0.1,
-        },
+        "data.crop_pct": 0.8,
+        "data.batch_size": 6,
+        "data.eval_batch_size": 8,
+        "data.val_fraction": 0.2,
+        "model.drop_path": 0.1,
+        "model.attention": ["softmax", "primal"],
+        "model.attention_options": [None, {"s": 4, "eta": 0.05, "max_len": 17}],
+        "trainer.val_check_interval": 4,
+        "augment": recipe,
     }
-    for key, value in changes.items():
-        node = cfg
-        *parents, last = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[last] = value
+    cfg = tiny_vision(root, **{**base, **changes})
     path = tmp_path / "vit.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return str(path)
