@@ -26,6 +26,9 @@ Deviations from timm:
   border instead of PIL's hard edge. Shears act about the top-left corner, as in PIL.
 * Random erasing runs in pixel space, before normalisation (exactly equivalent, see :func:`random_erasing`).
 * Mixup draws its Beta sample with numpy, seeded from the generator (torch's Gamma sampler ignores generators).
+* With image folders the random resized crop is drawn from the decoded centre square (``image_size / crop_pct``
+  on a side, :class:`~primaldual.data.images.ImageFolderDataset`), not from the whole non-square image, so that a
+  batch is one tensor.
 * Not here: colour jitter (DeiT passes 0.4, but timm drops it when RandAugment is on), repeated augmentation (a
   sampler), and the evaluation resize of the shorter side.
 """
@@ -464,7 +467,7 @@ def random_erasing(
     *,
     prob: float = 0.25,
     scale: tuple[float, float] = (0.02, 1 / 3),
-    ratio: tuple[float, float] = (0.3, 3.3),
+    ratio: tuple[float, float] = (0.3, 1 / 0.3),
     mean: Sequence[float],
     std: Sequence[float],
     generator: torch.Generator,

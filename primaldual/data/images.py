@@ -22,6 +22,7 @@ maintained readers (torchvision, tensorflow-datasets) are heavy dependencies thi
 from __future__ import annotations
 
 import gzip
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -390,7 +391,7 @@ class ImageFolderDataset(Dataset):
     """An ImageNet-style folder ``root/<class>/<image>`` decoded with Pillow, as ``(image uint8, label)``.
 
     Decoding follows timm / DeiT: ``convert(mode)``, resize the *shorter* side to
-    ``resize = round(image_size / crop_pct)`` (bilinear, the longer side scaled to ``int(resize * long / short)``
+    ``resize = floor(image_size / crop_pct)`` (bicubic, as DeiT, the longer side scaled to ``int(resize * long / short)``
     as torchvision does), then a centre crop (offsets ``round((side - S) / 2)``):
 
     * ``train=True``: to ``resize x resize`` (S = resize); the training module does the random resized crop and
@@ -474,7 +475,7 @@ class ImageFolderDataset(Dataset):
         self.mode = mode
         self.channels = 3 if mode == "RGB" else 1
         self.image_size, self.crop_pct, self.train = image_size, crop_pct, train
-        self.resize = round(image_size / crop_pct)
+        self.resize = max(image_size, math.floor(image_size / crop_pct))  # timm: floor(224 / 0.875) = 256
         self.info = {
             "dataset": "image_folder",
             "source": str(root),
@@ -504,7 +505,7 @@ class ImageFolderDataset(Dataset):
         new_long = int(self.resize * long / short)  # torchvision's rounding of the longer side
         size = (self.resize, new_long) if w <= h else (new_long, self.resize)  # Pillow (width, height)
         if size != (w, h):
-            im = im.resize(size, Image.Resampling.BILINEAR)
+            im = im.resize(size, Image.Resampling.BICUBIC)  # DeiT's resize is bicubic
         s = self.resize if self.train else self.image_size
         left, top = int(round((size[0] - s) / 2.0)), int(round((size[1] - s) / 2.0))
         im = im.crop((left, top, left + s, top + s))

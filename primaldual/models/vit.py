@@ -42,8 +42,8 @@ class VisionClassifier(nn.Module):
             stochastic depth rising linearly to this value in the last block, as DeiT).
         attention, attention_options: per-layer registry names / options (``[..., "primal"]`` = Primal.+DeiT).
         mean, std: per-channel pixel statistics. When given, the model takes raw pixels (``uint8`` 0-255, or
-            floats in [0, 1]) and normalises them itself, so a checkpoint carries its own preprocessing; when None,
-            inputs are used as they are (already normalised floats).
+            floats in [0, 1]) and normalises them itself (buffers outside the state dict: the harness rebuilds them
+            from the run's data); when None, inputs are used as they are (already normalised floats).
     """
 
     def __init__(
@@ -106,6 +106,7 @@ class VisionClassifier(nn.Module):
         if not self.normalizes:
             return images
         x = images.float() / 255.0 if images.dtype == torch.uint8 else images
+        x = x.to(self.patch.weight.dtype)  # e.g. bf16-true / 64-true training casts the weights, not the pixels
         return (x - self.mean.to(x.dtype)) / self.std.to(x.dtype)
 
     def forward(self, images: Tensor) -> Tensor:

@@ -59,6 +59,10 @@ def compile_model(model: nn.Module, inputs: Sequence[Any], note: Callable[[str],
         return False
     finally:
         model.train(was_training)
+    if not ref:
+        _uncompile(model)
+        note("trainer.compile: the model returned no tensors to check the compiled one against; training eagerly")
+        return False
     if len(ref) != len(got) or any(
         r.shape != g.shape or not torch.allclose(r.float(), g.float(), rtol=_RTOL, atol=_ATOL)
         for r, g in zip(ref, got, strict=True)

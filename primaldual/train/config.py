@@ -295,6 +295,7 @@ class RunConfig:
         """
         d = self.to_dict()
         d["trainer"].pop("enable_progress_bar")
+        d["trainer"].pop("compile")  # how the run executes, not what it computes (a resume may switch it)
         defaults = RunConfig().to_dict()
         for section, key in _ADDED_KEYS:
             node, ref = (d, defaults) if section is None else (d[section], defaults[section])
@@ -471,8 +472,13 @@ def _validate(cfg: RunConfig) -> None:
             cfg.augment.settings()
         except (TypeError, ValueError) as e:
             raise ConfigError(f"augment: {e}") from None
-    elif cfg.augment != AugmentConfig():
-        raise ConfigError(f"augment: only task 'vision' uses the augment section, not task {cfg.task!r}")
+    else:
+        if cfg.augment != AugmentConfig():
+            raise ConfigError(f"augment: only task 'vision' uses the augment section, not task {cfg.task!r}")
+        defaults = RunConfig()
+        for section, key in _VISION_KEYS:
+            if getattr(getattr(cfg, section), key) != getattr(getattr(defaults, section), key):
+                raise ConfigError(f"{section}.{key}: only task 'vision' uses it, not task {cfg.task!r}")
     if kind == "lm":
         if not m.norm_first:
             raise ConfigError("model.norm_first: the causal LM (model.kind 'lm') is pre-LN; set it to true")
@@ -673,7 +679,6 @@ _ADDED_KEYS = [
     *(("optim", k) for k in ("betas", "eps")),
     *(("trainer", k) for k in ("max_steps", "val_check_interval", "accumulate_grad_batches")),
     *_VISION_KEYS,
-    ("trainer", "compile"),
 ]
 
 _SECTIONS = {

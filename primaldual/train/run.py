@@ -35,6 +35,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from torch import nn
@@ -203,7 +204,10 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, fresh: bool, verbose: bool) -
             )
         _clear_run_dir(run_dir)
     saved = run_dir / "config.yaml"
-    if saved.exists() and saved.read_text() != text:
+    if saved.exists() and saved.read_text() != text and _same_run(saved.read_text(), text):
+        if launcher:  # only how it runs changed (compilation, progress bar): the record follows the latest attempt
+            atomic_write_text(saved, text)
+    elif saved.exists() and saved.read_text() != text:
         if not launcher or _has_progress(run_dir):
             raise ConfigError(
                 f"{run_dir} holds a run with a different config ({saved}); pass --fresh to start over there "
@@ -215,6 +219,24 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, fresh: bool, verbose: bool) -
         _clear_run_dir(run_dir)
     if not saved.exists() and launcher:
         atomic_write_text(saved, text)
+
+
+# trainer keys that change how a run executes, not what it computes: a resume may switch them
+_HOW_KEYS = ("enable_progress_bar", "compile")
+
+
+def _same_run(saved: str, text: str) -> bool:
+    """Whether two config.yaml texts describe the same run, apart from :data:`_HOW_KEYS`."""
+    try:
+        a, b = yaml.safe_load(saved), yaml.safe_load(text)
+    except yaml.YAMLError:
+        return False
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return False
+    for d in (a, b):
+        for key in _HOW_KEYS:
+            (d.get("trainer") or {}).pop(key, None)
+    return a == b
 
 
 def _trainer(cfg: RunConfig, run_dir: Path, callbacks: list[L.Callback], logger: Any = None) -> L.Trainer:

@@ -161,7 +161,7 @@ class VisionModule(ClassificationModule):
         accumulate = t.accumulate_grad_batches if t is not None else 1
         rank = t.global_rank if t is not None else 0
         key = np.random.SeedSequence([self.seed, int(self.global_step), batch_idx % accumulate, rank])
-        return torch.Generator().manual_seed(int(key.generate_state(1, np.uint64)[0] >> 1))
+        return torch.Generator().manual_seed(int(key.generate_state(1, np.uint64)[0]) >> 1)
 
     def training_loss(self, batch: tuple[Tensor, ...], batch_idx: int) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
         from ..data.augment import soft_target_cross_entropy

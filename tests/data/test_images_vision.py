@@ -125,7 +125,8 @@ def test_centre_crop_after_resize_keeps_the_marked_centre(tmp_path: Path) -> Non
         centre = ((x * rows).sum() / x.sum(), (x * cols).sum() / x.sum())
         assert abs(centre[0] - (s - 1) / 2) < 1e-6 and abs(centre[1] - (s - 1) / 2) < 1e-6
         assert x[s // 2, s // 2] > 200 and x[0, 0] == 0 and x[-1, -1] == 0
-        assert torch.equal(ds[1][0][0], ds[0][0][0].T)  # portrait = transposed landscape
+        # portrait = transposed landscape, up to PIL rounding its two separable bicubic passes (a few levels of 255)
+        assert (ds[1][0][0].int() - ds[0][0][0].T.int()).abs().max() <= 4
 
 
 def test_empty_class_folder_is_an_error(folder: Path) -> None:

@@ -60,7 +60,7 @@ def test_compile_option_is_validated_and_absent_from_uncompiled_configs():
     assert "compile" not in dump_config(RunConfig())
     on = load_config("lra/listops/transformer", ["--trainer.compile", "true"])
     assert "compile: true" in dump_config(on)
-    assert on.fingerprint() != load_config("lra/listops/transformer").fingerprint()
+    assert on.fingerprint() == load_config("lra/listops/transformer").fingerprint()  # the same run, compiled
 
 
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None, reason="no C++ compiler for Inductor")
@@ -71,3 +71,17 @@ def test_a_run_trains_compiled(tmp_path):
     assert "trainer.compile: compiled with torch.compile; matches eager" in res.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert 0.0 <= summary["test_acc"] <= 1.0
+
+
+def test_a_resume_may_switch_compilation(tmp_path):
+    from primaldual.train.run import prepare_run_dir
+
+    on = load_config("lra/listops/transformer", ["--trainer.compile", "true"])
+    off = load_config("lra/listops/transformer")
+    (tmp_path / "checkpoints").mkdir()
+    prepare_run_dir(on, tmp_path, fresh=False, verbose=False)
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"progress")
+    prepare_run_dir(off, tmp_path, fresh=False, verbose=False)  # not refused: the same run
+    assert (tmp_path / "config.yaml").read_text() == dump_config(off)
+    with pytest.raises(ConfigError, match="different config"):
+        prepare_run_dir(load_config("lra/listops/transformer", ["--seed", "5"]), tmp_path, fresh=False, verbose=False)

@@ -117,9 +117,12 @@ def test_bad_vision_configs_are_refused_naming_the_key(tmp_path, folder, changes
         load_config(_config(tmp_path, folder, **changes))
 
 
-def test_the_augment_section_belongs_to_vision_only():
+def test_the_augment_section_and_vision_keys_belong_to_vision_only():
     with pytest.raises(ConfigError, match="augment"):
         load_config("lra/listops/transformer", ["--augment.hflip", "0.5"])
+    for key, value in (("model.patch_size", "4"), ("model.drop_path", "0.1"), ("data.image_size", "32")):
+        with pytest.raises(ConfigError, match=key):
+            load_config("uea/JapaneseVowels/transformer", [f"--{key}", value])
 
 
 def test_vision_family_composes_every_model_and_builds_the_reference_architectures():
