@@ -25,6 +25,15 @@ decodes one token at a time from a constant-size state (running sums of q and k 
   tokens enter W_{e|X}), the KSVD means run over every token; only the output is masked. For comparison
   with the published code. Without padding both modes are identical.
 
+**Compiled core** (``compile=True``): the layer's core (sampling, data-dependent weights, projection, feature map,
+scores, KSVD term and output map) runs as one ``torch.compile`` region, so that the element-wise work between the
+GEMMs (norms, scaling, the KSVD energies and all their backward passes) is fused into a few loops instead of a dozen
+token-sized passes with their temporaries (see ``docs/benchmarks.md``). The first call of each layer checks the
+compiled result against the eager one; where compilation fails (no C++ compiler for the CPU backend, an unsupported
+backend) or disagrees, the layer warns once, naming the cause, and stays eager. Inside an outer ``torch.compile``
+(``model.compile()``, ``trainer.compile``) the layer adds no region of its own. Hooks on ``head_outputs`` and
+``need_weights=True`` take the eager path.
+
 ``need_weights=True`` returns the implicit asymmetric kernel ``phi_q(Q) phi_k(K)^T`` per head
 ``(B, H, N, N)`` (causal: of the prefix-mean features, lower triangle), the matrix whose SVD the KSVD
 objective is about. It is not a mixing matrix: the output is not ``weights @ v``.
@@ -33,6 +42,7 @@ objective is about. It is not a mixing matrix: the output is not ``weights @ v``
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -81,6 +91,29 @@ def _no_autocast(device_type: str) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
+_COMPILED_CORE = None
+
+
+def _compiled_core():
+    """One compiled ``PrimalAttention._core`` shared by every layer (Dynamo guards on each layer's options)."""
+    global _COMPILED_CORE
+    if _COMPILED_CORE is None:
+        _COMPILED_CORE = torch.compile(PrimalAttention._core, dynamic=None)
+    return _COMPILED_CORE
+
+
+def _disagreement(a: Tensor, b: Tensor) -> str | None:
+    """Why ``a`` (compiled) is not ``b`` (eager) up to the dtype's rounding, or None when it is."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return f"shape/dtype {tuple(a.shape)} {a.dtype} vs {tuple(b.shape)} {b.dtype}"
+    tol = {torch.float64: 1e-9, torch.float32: 1e-4}.get(a.dtype, 3e-2)
+    err = (a.float() - b.float()).abs().max().item() if a.numel() else 0.0
+    scale = b.float().abs().max().item() if b.numel() else 0.0
+    if not err <= tol * max(scale, 1.0):  # also catches NaN
+        return f"max abs difference {err:.3g} at scale {scale:.3g}"
+    return None
+
+
 @register_attention(
     "primal",
     Capabilities(
@@ -108,6 +141,7 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         ksvd_reduction: ``"global"`` (LRA / vision code: one mean, squared) or ``"sample"`` (time-series
             code: J per sample, squared, averaged over the batch).
         eps: zero-norm guard of the feature map.
+        compile: run the core as one ``torch.compile`` region with an eager fallback (see the module docstring).
         Remaining arguments as :class:`~primaldual.attention.base.AttentionLayer`; ``qkv_bias`` is the
         bias of the Q/K projection; ``attn_drop`` must be 0 (there is no attention matrix).
     """
@@ -128,6 +162,7 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         padding: str = "exact",
         ksvd_reduction: str = "global",
         eps: float = 1e-12,
+        compile: bool = False,
         **kw,
     ) -> None:
         if kw.get("attn_drop", 0.0):
@@ -141,6 +176,7 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         check_choice("ksvd_reduction", ksvd_reduction, KSVD_REDUCTIONS)
         eta = check_number("eta", eta, low=0.0)
         eps = check_number("eps", eps, low=0.0, low_open=True)
+        check_bool("compile", compile)
         if data_dependent is not None:
             check_bool("data_dependent", data_dependent)
         if data_dependent is None:
@@ -162,6 +198,8 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         self.ksvd_reduction = ksvd_reduction
         self.aux_loss_weight = float(eta)
         self.eps = float(eps)
+        self.compile_core = compile
+        self._compile_state = "unchecked"  # "unchecked" | "ok" | "eager" (failed or disagreed: stays eager)
         fk = {"device": kw.get("device"), "dtype": kw.get("dtype")}
         H, p = num_heads, self.head_dim
         self.qk = nn.Linear(dim, 2 * self.inner_dim, bias=self.qkv_bias, **fk)
@@ -260,17 +298,24 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         self, x: Tensor, mask: Tensor | None, need_weights: bool, p: dict[str, Tensor | None]
     ) -> tuple[Tensor, Tensor | None]:
         B, N, _ = x.shape
+        ho = self.head_outputs
+        observed = bool(ho._forward_pre_hooks or ho._forward_hooks)
+        ksvd = self.records_aux_loss()  # skipped under no_grad
+        if not (need_weights or observed):
+            out, term = self._core_maybe_compiled(x, mask, p, ksvd)
+            if term is not None:
+                self.add_aux_loss(term)
+            return self.proj_drop(out), None
         exact_mask = mask if self.padding == "exact" else None
         # causal: q, k are affine in x, so the prefix means of q and k are q, k of the prefix means of x
         src = causal_prefix_mean(x, exact_mask) if self.causal else x  # (B, N, C)
         w = self._weights(x, mask, p)
         scores, qk = primal_scores_from_input(src, p["qk_w"], p["qk_b"], w, self.eps)
-        if self.records_aux_loss():  # skipped under no_grad
+        if ksvd:
             self.add_aux_loss(
                 ksvd_loss_from_scores(scores, p["w_e"], p["w_r"], p["lam"], exact_mask, self.ksvd_reduction)
             )
-        ho = self.head_outputs
-        if ho._forward_pre_hooks or ho._forward_hooks:
+        if observed:
             heads = F.linear(
                 scores.view(B, N, self.num_heads, 2 * self.s), p["concat_w"], p["concat_b"]
             )  # (B, N, H, p)
@@ -285,6 +330,53 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
             phi = cosine_feature_map(qk, self.eps).permute(2, 0, 3, 1, 4)  # (2, B, H, N, p)
             weights = primal_kernel(phi[0], phi[1], mask, self.causal)
         return self.proj_drop(out), weights
+
+    def _core(
+        self, x: Tensor, mask: Tensor | None, p: dict[str, Tensor | None], ksvd: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """Input ``(B, N, C)`` -> output ``(B, N, C)`` (before dropout) and the KSVD term (None if not ``ksvd``).
+
+        A pure function of its arguments and the layer's options (no recording, no hooks): the region that
+        ``compile=True`` compiles."""
+        B, N, _ = x.shape
+        exact_mask = mask if self.padding == "exact" else None
+        src = causal_prefix_mean(x, exact_mask) if self.causal else x  # (B, N, C)
+        w = self._weights(x, mask, p)
+        scores, _ = primal_scores_from_input(src, p["qk_w"], p["qk_b"], w, self.eps)
+        term = None
+        if ksvd:
+            term = ksvd_loss_from_scores(scores, p["w_e"], p["w_r"], p["lam"], exact_mask, self.ksvd_reduction)
+        weight, bias = self._fused_output(p)
+        return F.linear(scores.view(B, N, -1), weight, bias), term  # (B, N, H*2s) -> (B, N, C)
+
+    def _core_maybe_compiled(
+        self, x: Tensor, mask: Tensor | None, p: dict[str, Tensor | None], ksvd: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        if not self.compile_core or self._compile_state == "eager" or torch.compiler.is_compiling():
+            return self._core(x, mask, p, ksvd)
+        if self._compile_state == "ok":
+            return _compiled_core()(self, x, mask, p, ksvd)
+        # first call: compile, and compare with eager before trusting it
+        try:
+            out, term = _compiled_core()(self, x, mask, p, ksvd)
+        except Exception as err:  # noqa: BLE001 - any compiler failure falls back, with the cause named
+            return self._compile_fallback(
+                f"compilation failed ({type(err).__name__}: {str(err).splitlines()[0]})", x, mask, p, ksvd
+            )
+        with torch.no_grad():
+            ref_out, ref_term = self._core(x, mask, p, ksvd)
+        bad = _disagreement(out.detach(), ref_out) or (None if term is None else _disagreement(term.detach(), ref_term))
+        if bad:
+            return self._compile_fallback(f"the compiled core disagrees with eager ({bad})", x, mask, p, ksvd)
+        self._compile_state = "ok"
+        return out, term
+
+    def _compile_fallback(
+        self, reason: str, x: Tensor, mask: Tensor | None, p: dict[str, Tensor | None], ksvd: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        self._compile_state = "eager"
+        warnings.warn(f"primal attention (compile=True): {reason}; this layer runs eager", RuntimeWarning, stacklevel=4)
+        return self._core(x, mask, p, ksvd)
 
     # ----------------------------------------------------------------------------------------------
     def init_state(
@@ -358,5 +450,5 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         n = f"n={self.n}" if self.data_dependent else "data_dependent=False"
         return (
             f"{super().extra_repr()}, s={self.s}, {n}, eta={self.aux_loss_weight}, padding={self.padding!r}, "
-            f"ksvd_reduction={self.ksvd_reduction!r}"
+            f"ksvd_reduction={self.ksvd_reduction!r}" + (", compile=True" if self.compile_core else "")
         )

@@ -136,8 +136,15 @@ def data_dependent_weights(samples: Tensor, weight: Tensor) -> Tensor:
     H = weight.shape[-3]
     if weight.shape[-2] != n or C % H:
         raise ValueError(f"samples {tuple(samples.shape)} do not fit weight {tuple(weight.shape)} (need C = H * p)")
-    f = samples.reshape(B, n, H, C // H)  # (B, n, H, p)
-    return torch.einsum("bnhp,...hns->b...hps", f, weight)
+    p, s = C // H, weight.shape[-1]
+    # batched matmuls, not einsum: at these sizes einsum's path search and copies cost more than the product
+    f = samples.reshape(B, n, H, p).permute(2, 0, 3, 1)  # (B, n, C) -> (H, B, p, n)
+    if weight.dim() == 3:
+        return torch.matmul(f, weight[:, None]).transpose(0, 1)  # (H, B, p, s) -> (B, H, p, s)
+    T = weight.shape[0]
+    wt = weight.permute(1, 2, 0, 3).reshape(H, 1, n, T * s)  # (T, H, n, s) -> (H, 1, n, T*s)
+    out = torch.matmul(f, wt).view(H, B, p, T, s)  # (H, B, p, T*s) -> (H, B, p, T, s)
+    return out.permute(1, 3, 0, 2, 4)  # (B, T, H, p, s)
 
 
 def cosine_feature_map(x: Tensor, eps: float = 1e-12) -> Tensor:
@@ -210,15 +217,19 @@ def primal_scores_from_input(
     qk = F.linear(x, qk_weight, qk_bias).view(B, N, 2, H, p)  # (B, N, 2, H, p)
     inv = torch.linalg.vector_norm(qk, dim=-1).clamp_min(eps).reciprocal()  # (B, N, 2, H)
     wq = qk_weight.view(2, H, p, C)  # (2, H, p, C)
-    if w.dim() == 5:
-        a = torch.einsum("thpc,bthps->bchts", wq, w).reshape(B, C, H * 2 * s)  # (B, C, H*2*s)
-        u = x @ a  # (B, N, H*2*s)
-        if qk_bias is not None:
-            u = u + torch.einsum("thp,bthps->bhts", qk_bias.view(2, H, p), w).reshape(B, 1, H * 2 * s)
-    else:
-        a = torch.einsum("thpc,thps->chts", wq, w).reshape(C, H * 2 * s)  # (C, H*2*s)
-        c = None if qk_bias is None else torch.einsum("thp,thps->hts", qk_bias.view(2, H, p), w).reshape(-1)
+    # A and c by batched matmuls (einsum's path search and copies cost more than these small products)
+    a = torch.matmul(wq.transpose(-1, -2), w)  # (..., 2, H, C, s)
+    a = a.permute(*range(a.dim() - 4), -2, -3, -4, -1).reshape(*w.shape[:-4], C, H * 2 * s)  # (..., C, H*2*s)
+    c = None
+    if qk_bias is not None:
+        c = torch.matmul(qk_bias.view(2, H, 1, p), w).transpose(-4, -3)  # (..., H, 2, 1, s)
+        c = c.reshape(*w.shape[:-4], 1, H * 2 * s) if w.dim() == 5 else c.reshape(-1)  # (B, 1, H*2*s) or (H*2*s,)
+    if w.dim() == 4:
         u = F.linear(x, a.T, c)  # (B, N, H*2*s)
+    elif c is None:
+        u = torch.bmm(x, a)  # (B, N, C) @ (B, C, H*2*s)
+    else:
+        u = torch.baddbmm(c, x, a)
     scores = u.view(B, N, H, 2, s) * inv.transpose(2, 3).unsqueeze(-1)  # (B, N, H, 2, s)
     return scores, qk
 

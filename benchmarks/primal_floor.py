@@ -1,0 +1,168 @@
+"""The primal layer against its floor: forward+backward time of ``primal`` eager, ``primal`` with ``compile=True``,
+the floor, and optionally an older version of the library, interleaved in one process.
+
+The floor is :func:`primaldual.bench.layers.projection_floor` (the row ``projections`` of ``primaldual bench
+layers``): the dense maps the primal layer cannot avoid, its Q/K projection ``dim -> 2 dim`` and its fused output
+map ``H 2s -> dim``, with nothing between them. ``--baseline-tree PATH`` imports a second copy of the library from a
+source tree (e.g. ``git worktree add /tmp/base <commit>``) under the name ``primaldual_baseline`` and times its
+``primal`` layer beside the others, so "faster than before" is measured in the same process and rounds.
+
+Every case runs the same pass: forward of ``(B, N, dim)`` float32 input, ``out.square().mean()`` plus the layer's
+KSVD term, backward, gradients cleared. After ``--warmup`` passes of each case (the compiled case compiles there),
+``--rounds`` rounds each time ``--calls`` consecutive passes of every case, the order rotated by one per round; a
+case's figure is the median over rounds of its mean pass time, with the min-max over rounds. Interleaving cancels
+slow drift on a shared machine, not contention: run it with nothing else on the machine.
+
+Run: ``python benchmarks/primal_floor.py --lengths 1024 4096 16384 --threads 2 --json runs/bench/floor.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import primaldual as pd
+from primaldual.bench.layers import projection_floor
+
+
+def load_tree(tree: Path, name: str = "primaldual_baseline") -> Any:
+    """Import the ``primaldual`` package of source tree ``tree`` as a separate package called ``name``."""
+    init = tree / "primaldual" / "__init__.py"
+    if not init.is_file():
+        raise FileNotFoundError(f"--baseline-tree: no primaldual/__init__.py under {tree}")
+    spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[str(init.parent)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _commit(tree: Path) -> str | None:
+    res = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return res.stdout.strip() or None
+
+
+def build_cases(args: argparse.Namespace, n: int, baseline: Any | None) -> dict[str, Callable[[], None]]:
+    """One forward+backward pass per case, each on its own layer and input (same seed, same values)."""
+
+    def make(layer: torch.nn.Module, collect: Callable | None) -> Callable[[], None]:
+        torch.manual_seed(1)
+        x = torch.randn(args.batch, n, args.dim, requires_grad=True)
+
+        def call() -> None:
+            out = layer(x)
+            aux = collect(layer) if collect is not None else None
+            (out.square().mean() + (aux if aux is not None else 0.0)).backward()
+            x.grad = None
+            layer.zero_grad(set_to_none=True)
+
+        return call
+
+    opts = {"s": args.s}
+    torch.manual_seed(0)
+    cases = {"floor": make(projection_floor(args.dim, args.heads, s=args.s), None)}
+    torch.manual_seed(0)
+    cases["primal"] = make(pd.build_attention("primal", args.dim, args.heads, **opts), pd.collect_aux_loss)
+    torch.manual_seed(0)
+    compiled = pd.build_attention("primal", args.dim, args.heads, compile=True, **opts)
+    cases["primal_compiled"] = make(compiled, pd.collect_aux_loss)
+    if baseline is not None:
+        torch.manual_seed(0)
+        layer = baseline.build_attention("primal", args.dim, args.heads, **opts)
+        cases["baseline"] = make(layer, baseline.collect_aux_loss)
+    return cases
+
+
+def time_interleaved(cases: dict[str, Callable[[], None]], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    names = list(cases)
+    for name in names:
+        for _ in range(args.warmup):
+            cases[name]()
+    per_round: dict[str, list[float]] = {m: [] for m in names}
+    for r in range(args.rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            t0 = time.perf_counter()
+            for _ in range(args.calls):
+                cases[name]()
+            per_round[name].append((time.perf_counter() - t0) / args.calls * 1e3)
+    return {
+        m: {"ms": statistics.median(v), "min_ms": min(v), "max_ms": max(v), "rounds_ms": v}
+        for m, v in per_round.items()
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--heads", type=int, default=2)
+    ap.add_argument("--s", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3, help="untimed passes per case first (compilation happens here)")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--calls", type=int, default=0, help="passes per case per round (0: about 80 ms of work)")
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--baseline-tree", type=Path, default=None, help="source tree of an older primaldual to time too")
+    ap.add_argument("--json", type=Path, default=None, help="write the figures to this file")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    pd.set_input_checks(False)
+    baseline = load_tree(args.baseline_tree) if args.baseline_tree else None
+    if baseline is not None:
+        baseline.set_input_checks(False)
+    print(f"B={args.batch} dim={args.dim} heads={args.heads} s={args.s} float32 CPU threads={args.threads}")
+    rows = []
+    for n in args.lengths:
+        calls = args.calls or max(1, round(20 * 4096 / n))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # a compile fallback must not pass as a timing
+            cases = build_cases(args, n, baseline)
+            res = time_interleaved(cases, argparse.Namespace(**{**vars(args), "calls": calls}))
+        floor = res["floor"]["ms"]
+        row = {
+            "N": n,
+            "calls_per_round": calls,
+            "cases": res,
+            "over_floor": {m: r["ms"] / floor for m, r in res.items()},
+        }
+        if "baseline" in res:
+            row["baseline_over"] = {m: res["baseline"]["ms"] / r["ms"] for m, r in res.items()}
+        rows.append(row)
+        cells = "  ".join(
+            f"{m} {r['ms']:.2f} ms ({r['min_ms']:.2f}-{r['max_ms']:.2f}, {r['ms'] / floor:.2f}x floor)"
+            for m, r in res.items()
+        )
+        print(f"N={n}: {cells}", flush=True)
+    if args.json:
+        meta = {
+            "machine": platform.platform(),
+            "processor": platform.processor(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "commit": _commit(Path(__file__).resolve().parent.parent),
+            "baseline_commit": _commit(args.baseline_tree) if args.baseline_tree else None,
+            "command": " ".join(sys.argv),
+            "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.json.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+        tmp.replace(args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

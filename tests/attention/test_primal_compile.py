@@ -1,0 +1,140 @@
+"""``PrimalAttention(compile=True)``: the compiled core against the plain reference (float64, every option family),
+its first-call check and eager fallbacks, and no nested region under an outer ``torch.compile``."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import primaldual as pd
+import primaldual.attention.primal as primal_mod
+from primaldual.attention.primal import PrimalAttention
+from primaldual.naive.primal import ksvd_term_ref, primal_attention_ref, primal_params_from_layer
+from tests.conftest import rel_err
+
+B, N, DIM, H = 3, 23, 12, 3
+
+
+def _layer(**opts) -> PrimalAttention:
+    torch.manual_seed(1)
+    layer = pd.build_attention("primal", DIM, H, dtype=torch.float64, compile=True, **opts)
+    with torch.no_grad():  # random (not default) biases and Lambda so every term is exercised
+        for p in layer.parameters():
+            if p.dim() == 1:
+                p.normal_()
+    return layer
+
+
+def _mask() -> torch.Tensor:
+    m = torch.ones(B, N, dtype=torch.bool)
+    m[1, 15:] = False  # right padding
+    m[2, :4] = False  # left padding
+    m[2, 10] = False  # a hole
+    return m
+
+
+# Each option family once (a compilation costs seconds): non-causal / causal, exact / reference padding, global /
+# sample reduction, masked / unmasked, data-dependent / -independent, with / without Q/K bias, n = 1.
+CASES = {
+    "noncausal-exact-masked-global": ({}, True),
+    "causal-exact-masked-sample": ({"causal": True, "ksvd_reduction": "sample"}, True),
+    "noncausal-reference-masked-sample": ({"padding": "reference", "ksvd_reduction": "sample"}, True),
+    "causal-reference-unmasked-global": ({"causal": True, "padding": "reference"}, False),
+    "independent-nobias-masked": ({"data_dependent": False, "qkv_bias": False}, True),
+    "n1-unmasked": ({"n": 1}, False),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_compiled_core_matches_reference_float64(case):
+    opts, masked = CASES[case]
+    layer = _layer(s=4, rank_multi=2, **opts)
+    mask = _mask() if masked else None
+    x = torch.randn(B, N, DIM, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(B, N, DIM, dtype=torch.float64)
+    params = list(layer.parameters())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a fallback to eager would make this test vacuous
+        out = layer(x, mask)
+    assert layer._compile_state == "ok"
+    term = layer.pop_aux_losses()[0]
+    fast = torch.autograd.grad((out * g).sum() + term, [x, *params])
+
+    ref_params = primal_params_from_layer(layer)
+    out_r, e_r, r_r = primal_attention_ref(
+        x, ref_params, H, mask, causal=layer.causal, data_dependent=layer.data_dependent, padding=layer.padding
+    )
+    _, term_r = ksvd_term_ref(e_r, r_r, ref_params, mask if layer.padding == "exact" else None, layer.ksvd_reduction)
+    ref = torch.autograd.grad((out_r * g).sum() + term_r, [x, *params])
+
+    assert rel_err(out, out_r) < 1e-10
+    assert rel_err(term, term_r) < 1e-10
+    names = ["x"] + [n for n, _ in layer.named_parameters()]
+    for name, a, b in zip(names, fast, ref):
+        assert rel_err(a, b) < 1e-10, name
+    # later calls run the compiled region without re-checking, and still agree
+    out2 = layer(x, mask)
+    layer.pop_aux_losses()
+    assert rel_err(out2, out_r) < 1e-10
+
+
+def _eager_twin(layer: PrimalAttention) -> PrimalAttention:
+    twin = pd.build_attention("primal", DIM, H, dtype=torch.float64, s=4, rank_multi=2)
+    twin.load_state_dict(layer.state_dict())
+    return twin
+
+
+def test_compile_failure_falls_back_to_eager_with_the_cause(monkeypatch):
+    def broken():
+        def run(*args, **kwargs):
+            raise RuntimeError("no C++ compiler found\nmore detail")
+
+        return run
+
+    monkeypatch.setattr(primal_mod, "_compiled_core", broken)
+    layer = _layer(s=4, rank_multi=2)
+    x = torch.randn(B, N, DIM, dtype=torch.float64)
+    with pytest.warns(RuntimeWarning, match=r"compilation failed \(RuntimeError: no C\+\+ compiler found\)"):
+        out = layer(x, _mask())
+    assert layer._compile_state == "eager"
+    assert torch.equal(out, _eager_twin(layer)(x, _mask()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once per layer, not per call
+        layer(x)
+
+
+def test_disagreeing_compiled_result_falls_back(monkeypatch):
+    def wrong():
+        def run(self, x, mask, p, ksvd):
+            out, term = PrimalAttention._core(self, x, mask, p, ksvd)
+            return out + 1.0, term
+
+        return run
+
+    monkeypatch.setattr(primal_mod, "_compiled_core", wrong)
+    layer = _layer(s=4, rank_multi=2)
+    x = torch.randn(B, N, DIM, dtype=torch.float64, requires_grad=True)
+    with pytest.warns(RuntimeWarning, match="disagrees with eager"):
+        out = layer(x)
+    assert layer._compile_state == "eager"
+    assert torch.equal(out, _eager_twin(layer)(x))
+    assert len(layer.pop_aux_losses()) == 1  # the fallback's term is the one recorded
+
+
+def test_no_nested_region_inside_an_outer_compile():
+    layer = _layer(s=4, rank_multi=2)
+    x = torch.randn(B, N, DIM, dtype=torch.float64)
+    outer = torch.compile(layer, backend="eager")  # traces the layer; its own region must not be entered
+    with torch.no_grad():
+        out = outer(x)
+    assert layer._compile_state == "unchecked"
+    assert rel_err(out, _eager_twin(layer)(x)) < 1e-12
+
+
+def test_compile_option_is_validated():
+    with pytest.raises(TypeError, match="compile"):
+        pd.build_attention("primal", DIM, H, compile="true")
+    assert "compile=True" in repr(pd.build_attention("primal", DIM, H, compile=True))
