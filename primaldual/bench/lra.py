@@ -136,6 +136,8 @@ def build_case(case: dict[str, Any]) -> tuple[Any, Any, Any]:
     cfg = _config(case["task"], case["model"])
     m, o = cfg.model, cfg.optim
     names, opts = model_attention(case["model"], case["task"])
+    if case.get("compile_primal", False):  # the primal layers' own compiled core (PrimalAttention(compile=True))
+        opts = [{**o, "compile": True} if n == "primal" else o for n, o in zip(names, opts)]
     kw = {"dim": m.dim, "depth": m.depth, "num_heads": m.num_heads, "ffn_dim": m.ffn_dim, "dropout": m.dropout}
     kw.update(pooling=m.pooling, norm_first=m.norm_first, positions=m.positions)
     kw.update(attention=names, attention_options=opts)
@@ -194,11 +196,15 @@ def _worker(case: dict[str, Any]) -> dict[str, Any]:
         peak = torch.cuda.max_memory_allocated() - base
     else:
         peak = status_kb("VmHWM") * 1024 - base
-    return {
+    res = {
         "s_per_1k_steps": 1000 * per_step,
         "peak_mem_gb": peak / 2**30,
         "params": sum(p.numel() for p in model.parameters()),
     }
+    states = [m._compile_state for m in model.modules() if getattr(m, "compile_core", False)]
+    if states:  # "ok" for each primal layer that ran compiled; "eager" where it fell back
+        res["primal_compile_states"] = sorted(set(states))
+    return res
 
 
 def profile_case(case: dict[str, Any], steps: int = 2, rows: int = 12) -> str:
@@ -241,16 +247,19 @@ def run_lra(
     threads: int = 0,
     amp: bool = False,
     compile: bool = False,
+    compile_primal: bool = False,
 ) -> list[dict[str, Any]]:
     """Run every (task, model) case in its own subprocess; writes JSON (atomically) after each case."""
     records: list[dict[str, Any]] = []
     settings = {"batch": batch, "steps": steps, "warmup": warmup, "device": device, "amp": amp, "threads": threads}
     settings["compile"] = compile
+    settings["compile_primal"] = compile_primal
     for task in tasks:
         for model in models:
             case = {"task": task, "model": model, "batch": batch or TASKS[task]["batch"], "steps": steps}
             case.update(warmup=warmup, device=device, mem_limit_gb=mem_limit_gb, threads=threads, amp=amp)
             case["compile"] = compile
+            case["compile_primal"] = compile_primal
             cmd = [sys.executable, "-m", "primaldual.bench.lra", "--worker", json.dumps(case)]
             t0 = time.time()
             try:
@@ -322,6 +331,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="torch.compile every model (in place, as trainer.compile); warm-up steps absorb the compilation",
     )
+    p.add_argument(
+        "--compile-primal",
+        action="store_true",
+        help="run every primal layer with compile=True (its core as one torch.compile region; the rest eager)",
+    )
     p.add_argument("--timeout", type=float, default=1800.0)
     p.add_argument("--mem-limit-gb", type=float, default=20.0)
     p.add_argument("--out", default="runs/bench/lra.json")
@@ -351,6 +365,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         threads=args.threads,
         amp=args.amp,
         compile=args.compile,
+        compile_primal=args.compile_primal,
     )
     print()
     print(lra_table(records))

@@ -39,6 +39,7 @@ __all__ = [
     "primal_kernel",
     "primal_scores",
     "primal_scores_from_input",
+    "fold_scores",
     "sample_tokens",
 ]
 
@@ -137,13 +138,14 @@ def data_dependent_weights(samples: Tensor, weight: Tensor) -> Tensor:
     if weight.shape[-2] != n or C % H:
         raise ValueError(f"samples {tuple(samples.shape)} do not fit weight {tuple(weight.shape)} (need C = H * p)")
     p, s = C // H, weight.shape[-1]
-    # batched matmuls, not einsum: at these sizes einsum's path search and copies cost more than the product
-    f = samples.reshape(B, n, H, p).permute(2, 0, 3, 1)  # (B, n, C) -> (H, B, p, n)
+    # bmm with the batch folded into the rows, not einsum (whose path search and copies cost more than these small
+    # products) nor a broadcasting matmul (which would copy the weights once per sample)
+    f = samples.reshape(B, n, H, p).permute(2, 0, 3, 1).reshape(H, B * p, n)  # (B, n, C) -> (H, B*p, n)
     if weight.dim() == 3:
-        return torch.matmul(f, weight[:, None]).transpose(0, 1)  # (H, B, p, s) -> (B, H, p, s)
+        return torch.bmm(f, weight).view(H, B, p, s).transpose(0, 1)  # (H, B*p, s) -> (B, H, p, s)
     T = weight.shape[0]
-    wt = weight.permute(1, 2, 0, 3).reshape(H, 1, n, T * s)  # (T, H, n, s) -> (H, 1, n, T*s)
-    out = torch.matmul(f, wt).view(H, B, p, T, s)  # (H, B, p, T*s) -> (H, B, p, T, s)
+    wt = weight.permute(1, 2, 0, 3).reshape(H, n, T * s)  # (T, H, n, s) -> (H, n, T*s)
+    out = torch.bmm(f, wt).view(H, B, p, T, s)  # (H, B*p, T*s) -> (H, B, p, T, s)
     return out.permute(1, 3, 0, 2, 4)  # (B, T, H, p, s)
 
 
@@ -192,15 +194,35 @@ def primal_scores(phi_q: Tensor, phi_k: Tensor, w_e: Tensor, w_r: Tensor) -> Ten
     return scores.reshape(B, N, H, 2 * s).transpose(1, 2)  # (B, H, N, 2s)
 
 
+def fold_scores(batch: int, tokens: int, dim: int, heads: int, s: int) -> bool:
+    """Whether :func:`primal_scores_from_input` folds ``W_q^T W_e`` (one wide GEMM) rather than multiplying per head.
+
+    Multiply-adds per call: folded ``B (C 2C s + N C 2H s)`` (fold, then apply), per head ``B N 2C s``; the
+    per-head product's skinny GEMMs and layout copies run at about a third of a wide GEMM's rate on CPU, so it is
+    charged 3x. Both give the same scores up to rounding.
+    """
+    folded = batch * (dim * 2 * dim * s + tokens * dim * 2 * heads * s)
+    per_head = 3 * batch * tokens * 2 * dim * s
+    return folded <= per_head
+
+
 def primal_scores_from_input(
     x: Tensor, qk_weight: Tensor, qk_bias: Tensor | None, w: Tensor, eps: float = 1e-12
 ) -> tuple[Tensor, Tensor]:
     """The layer's fast path: token-major scores ``[e; r]`` straight from the layer input.
 
     Mathematically ``primal_scores(phi(Q), phi(K), w[..., 0, :, :, :], w[..., 1, :, :, :])`` with
-    ``[Q, K] = x W^T + b``, computed as ``e_i = (x_i A + c) / max(||q_i||, eps)`` where ``A = W_q^T W_e`` is
-    folded per head (a ``(C, 2 H s)`` matrix, ``(B, C, 2 H s)`` if data-dependent): one GEMM over the tokens
-    with no block-diagonal waste and no normalised ``(B, N, 2C)`` copy, and only per-token norms of ``[Q, K]``.
+    ``[Q, K] = x W^T + b``, scaled by the per-token norms of ``[Q, K]`` instead of normalising them (no normalised
+    ``(B, N, 2C)`` copy). The unnormalised products ``u = [Q, K] W_e`` are computed one of two ways, whichever costs
+    fewer multiply-adds (:func:`fold_scores`):
+
+    * **per head**: a batched GEMM of each head's ``(N, p)`` queries / keys with its ``(p, s)`` weights,
+      ``2 C s`` per token;
+    * **folded**: ``e_i = x_i A + c`` with ``A = W_q^T W_e`` folded per head (a ``(C, 2 H s)`` matrix,
+      ``(B, C, 2 H s)`` if data-dependent), one wide GEMM over the tokens, ``C 2 H s`` per token plus
+      ``C 2 C s`` per sample to fold. With two heads and long sequences (the LRA models) its single wide GEMM
+      beats the per-head product's skinny ones; with more heads or short sequences the fold costs more than it
+      saves (JapaneseVowels: 8 heads of 64, 29 tokens, the fold is 25x the per-head work).
 
     Args:
         x: ``(B, N, C)`` layer input (prefix means of it for the causal variant: q, k are affine in x).
@@ -216,14 +238,22 @@ def primal_scores_from_input(
     H, p, s = w.shape[-3:]
     qk = F.linear(x, qk_weight, qk_bias).view(B, N, 2, H, p)  # (B, N, 2, H, p)
     inv = torch.linalg.vector_norm(qk, dim=-1).clamp_min(eps).reciprocal()  # (B, N, 2, H)
+    if not fold_scores(B, N, C, H, s):
+        u = torch.matmul(qk.permute(0, 2, 3, 1, 4), w)  # (B, 2, H, N, p) @ ([B,] 2, H, p, s) -> (B, 2, H, N, s)
+        scaled = u * inv.permute(0, 2, 3, 1).unsqueeze(-1)  # (B, 2, H, N, s)
+        return scaled.permute(0, 3, 2, 1, 4).contiguous(), qk  # (B, N, H, 2, s)
     wq = qk_weight.view(2, H, p, C)  # (2, H, p, C)
-    # A and c by batched matmuls (einsum's path search and copies cost more than these small products)
-    a = torch.matmul(wq.transpose(-1, -2), w)  # (..., 2, H, C, s)
-    a = a.permute(*range(a.dim() - 4), -2, -3, -4, -1).reshape(*w.shape[:-4], C, H * 2 * s)  # (..., C, H*2*s)
-    c = None
-    if qk_bias is not None:
-        c = torch.matmul(qk_bias.view(2, H, 1, p), w).transpose(-4, -3)  # (..., H, 2, 1, s)
-        c = c.reshape(*w.shape[:-4], 1, H * 2 * s) if w.dim() == 5 else c.reshape(-1)  # (B, 1, H*2*s) or (H*2*s,)
+    # A and c by bmm over (q|k, head) with the samples folded into the columns (no per-sample copy of W_q)
+    wq_t = wq.transpose(-1, -2).reshape(2 * H, C, p)  # (2H, C, p)
+    bq = None if qk_bias is None else qk_bias.view(2 * H, 1, p)  # (2H, 1, p)
+    if w.dim() == 5:
+        wv = w.permute(1, 2, 3, 0, 4).reshape(2 * H, p, B * s)  # (B, 2, H, p, s) -> (2H, p, B*s)
+        a = torch.bmm(wq_t, wv).view(2, H, C, B, s).permute(3, 2, 1, 0, 4).reshape(B, C, H * 2 * s)  # (B, C, H*2*s)
+        c = None if bq is None else torch.bmm(bq, wv).view(2, H, B, s).permute(2, 1, 0, 3).reshape(B, 1, H * 2 * s)
+    else:
+        wv = w.reshape(2 * H, p, s)  # (2H, p, s)
+        a = torch.bmm(wq_t, wv).view(2, H, C, s).permute(2, 1, 0, 3).reshape(C, H * 2 * s)  # (C, H*2*s)
+        c = None if bq is None else torch.bmm(bq, wv).view(2, H, s).permute(1, 0, 2).reshape(-1)  # (H*2*s,)
     if w.dim() == 4:
         u = F.linear(x, a.T, c)  # (B, N, H*2*s)
     elif c is None:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import primaldual as pd
+import primaldual.functional.primal as primal_functional
 from primaldual.attention.primal import PrimalAttention
 from primaldual.naive.primal import ksvd_term_ref, primal_attention_ref, primal_params_from_layer
 from tests.conftest import rel_err
@@ -55,25 +56,39 @@ def _compare(layer: PrimalAttention, mask: torch.Tensor | None) -> None:
     _, term_r = ksvd_term_ref(e_r, r_r, ref_params, loss_mask, layer.ksvd_reduction)
     ref = torch.autograd.grad((out_r * g).sum() + term_r, [x, *params])
 
-    assert rel_err(out, out_r) < 1e-6
-    assert rel_err(term, term_r) < 1e-6
+    assert rel_err(out, out_r) < 1e-10
+    assert rel_err(term, term_r) < 1e-10
     names = ["x"] + [n for n, _ in layer.named_parameters()]
     for name, a, b in zip(names, fast, ref):
-        assert rel_err(a, b) < 1e-6, name
+        assert rel_err(a, b) < 1e-10, name
+
+
+@pytest.fixture(params=["folded", "per_head"])
+def scores_path(request, monkeypatch):
+    """Both ways of computing the scores (``fold_scores`` picks one by cost): every comparison runs with each."""
+    monkeypatch.setattr(primal_functional, "fold_scores", lambda *a: request.param == "folded")
+    return request.param
 
 
 @pytest.mark.parametrize("reduction", ["global", "sample"])
 @pytest.mark.parametrize("padding", ["exact", "reference"])
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
-def test_matches_reference(causal, masked, padding, reduction):
+def test_matches_reference(causal, masked, padding, reduction, scores_path):
     layer = _layer(causal=causal, padding=padding, ksvd_reduction=reduction, s=4, rank_multi=2)
     _compare(layer, _mask() if masked else None)
 
 
 @pytest.mark.parametrize("opts", [{"n": 40}, {"n": 1}, {"data_dependent": False}, {"qkv_bias": False, "s": 7}])
-def test_matches_reference_options(opts):
+def test_matches_reference_options(opts, scores_path):
     _compare(_layer(**opts), _mask())
+
+
+def test_fold_choice_by_cost():
+    # two heads and long sequences (the LRA models) fold; many heads or short sequences multiply per head
+    assert primal_functional.fold_scores(4, 4096, 64, 2, 20)
+    assert not primal_functional.fold_scores(16, 29, 512, 8, 40)  # JapaneseVowels
+    assert not primal_functional.fold_scores(128, 50, 64, 4, 24)  # the patch-4 ViT
 
 
 def test_n_resolution():
