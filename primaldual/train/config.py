@@ -519,7 +519,6 @@ def _validate(cfg: RunConfig) -> None:
     for key, v in (("schedule.warmup_steps", s.warmup_steps),):
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise ConfigError(f"{key}: expected an int >= 0, got {v!r}")
-    check_int("schedule.total_steps", s.total_steps, low=1, allow_none=True)
     if s.decay == "inverse_sqrt" and s.warmup_steps < 1:
         raise ConfigError(
             "schedule.warmup_steps: decay 'inverse_sqrt' (lr * sqrt(warmup_steps / step)) needs warmup_steps >= 1"
@@ -540,6 +539,8 @@ def _validate(cfg: RunConfig) -> None:
                 "trainer.val_check_interval: only step-based runs (trainer.max_steps > 0) evaluate every K steps; "
                 "an epoch-based run evaluates after every epoch (set it to null)"
             )
+    # after the trainer: a total_steps referencing trainer.max_steps is reported under max_steps first
+    check_int("schedule.total_steps", s.total_steps, low=1, allow_none=True)
     if s.decay in ("linear", "cosine") and s.total_steps is None and not cfg.step_based:
         raise ConfigError(
             f"schedule.decay: {s.decay!r} decays to 0 at schedule.total_steps; set it (or train step-based with "
@@ -1107,8 +1108,14 @@ def _expand_plan(model: dict[str, Any]) -> None:
         raise ConfigError(f"model.plan {plan!r}: {e}") from None
 
 
-def _compose(spec: str) -> tuple[dict[str, Any], list[str], str]:
-    """Merged, resolved values of a config file or name, the files it came from, and how to name it in errors."""
+def _compose(spec: str, overrides: list[tuple[str, Any]] = ()) -> tuple[dict[str, Any], list[str], str]:
+    """Merged, resolved values of a config file or name, the files it came from, and how to name it in errors.
+
+    ``overrides`` (parsed command-line pairs) are set on the merged values *before* ``${...}`` references are
+    resolved, so that a reference follows an overridden key (``--trainer.max_steps`` moves the schedule's
+    ``total_steps: "${trainer.max_steps}"``, ``--data.max_len`` the primal layers' ``max_len``).
+    :func:`apply_overrides` sets them again on the built config, where they are checked and win over everything.
+    """
     target = _lookup(spec)
     if target is None:
         raise _not_found(spec)
@@ -1125,6 +1132,8 @@ def _compose(spec: str) -> tuple[dict[str, Any], list[str], str]:
         if not composer.named:  # as before composition: a file's run name defaults to its stem
             values["name"] = target.stem
     origin = f"{label} (from {', '.join(composer.sources)})" if len(composer.sources) > 1 else label
+    for key, value in overrides:
+        _set_raw(values, key, value)
     try:
         values = _resolve_refs(values)
         missing = _find_missing({k: v for k, v in values.items() if k != "vars"})
@@ -1171,23 +1180,27 @@ def describe_config(spec: str | Path) -> list[str]:
     return _compose(str(spec))[1]
 
 
-def load_config(spec: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Load a config file or name (``None``: all defaults), composing it from its fragments, and apply
-    command-line overrides."""
-    if spec is None:
-        cfg = RunConfig()
-    else:
-        values, _, origin = _compose(str(spec))
-        try:
-            cfg = _build(RunConfig, values, "")
-        except (ConfigError, TypeError) as e:
-            raise ConfigError(f"{origin}: {e}") from None
-    return apply_overrides(cfg, overrides or []).validate()
+def _set_raw(values: dict[str, Any], key: str, value: Any) -> None:
+    """Set dotted ``key`` in merged, unresolved values, creating sections; a key that is not in the run config (the
+    ``attention`` switch, a typo) or that the values cannot hold (a path through a non-mapping) is left to
+    :func:`apply_overrides`, which applies or reports it."""
+    known: Any = RunConfig().to_dict()
+    for part in key.split("."):  # only keys of the run config: the rest is reported by apply_overrides
+        if not isinstance(known, dict) or part not in known:
+            return
+        known = known[part]
+    node, parts = values, key.split(".")
+    for part in parts[:-1]:
+        nxt = node.setdefault(part, {})
+        if not isinstance(nxt, dict):
+            return
+        node = nxt
+    node[parts[-1]] = copy.deepcopy(value)
 
 
-def apply_overrides(cfg: RunConfig, args: list[str]) -> RunConfig:
-    """Apply ``--a.b value`` / ``--a.b=value`` / ``--attention NAME`` flags (values parsed as YAML)."""
-    pairs: list[tuple[str, str]] = []
+def _parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
+    """``--a.b value`` / ``--a.b=value`` / ``--attention NAME`` flags as (key, value) pairs, values parsed as YAML."""
+    pairs: list[tuple[str, Any]] = []
     i = 0
     while i < len(args):
         tok = args[i]
@@ -1198,11 +1211,29 @@ def apply_overrides(cfg: RunConfig, args: list[str]) -> RunConfig:
             if i + 1 >= len(args):
                 raise ConfigError(f"override --{key} needs a value")
             val, i = args[i + 1], i + 1
-        pairs.append((key, val))
+        pairs.append((key, yaml.safe_load(val) if val != "" else None))
         i += 1
+    return pairs
+
+
+def load_config(spec: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Load a config file or name (``None``: all defaults), composing it from its fragments, and apply
+    command-line overrides (before the file's ``${...}`` references are resolved, so references follow them)."""
+    if spec is None:
+        cfg = RunConfig()
+    else:
+        values, _, origin = _compose(str(spec), _parse_overrides(overrides or []))
+        try:
+            cfg = _build(RunConfig, values, "")
+        except (ConfigError, TypeError) as e:
+            raise ConfigError(f"{origin}: {e}") from None
+    return apply_overrides(cfg, overrides or []).validate()
+
+
+def apply_overrides(cfg: RunConfig, args: list[str]) -> RunConfig:
+    """Apply ``--a.b value`` / ``--a.b=value`` / ``--attention NAME`` flags (values parsed as YAML)."""
     d = cfg.to_dict()
-    for key, raw in pairs:
-        value = yaml.safe_load(raw) if raw != "" else None
+    for key, value in _parse_overrides(args):
         if key == "attention":  # the one-flag switch to any registered mechanism
             d["model"]["attention"], d["model"]["attention_options"] = value, None
             d["name"] = f"{d['name']}-{value}" if isinstance(value, str) else d["name"]

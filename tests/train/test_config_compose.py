@@ -267,3 +267,26 @@ def test_a_model_file_beside_the_table(configs):
     (configs / "uea" / "_tasks" / "Heartbeat.yaml").write_text("data: {name: Heartbeat}\n")
     with pytest.raises(ConfigError, match=r"uea/_tasks.yaml: task 'Heartbeat' is both an entry here and a file"):
         load_config("uea/Heartbeat/transformer")
+
+
+def test_references_follow_command_line_overrides():
+    # the schedule's total_steps is "${trainer.max_steps}": overriding max_steps moves it (it used to keep the
+    # file's value, so a longer run decayed to 0 half-way)
+    cfg = load_config("vision/fashion_mnist/reduced/deit", ["--trainer.max_steps", "1234"])
+    assert cfg.trainer.max_steps == cfg.schedule.total_steps == 1234
+    lra = load_config("lra/listops/reduced/primalformer", ["--trainer.max_steps=777"])
+    assert lra.schedule.total_steps == 777
+    # a reference through vars and the plan expansion: the primal layers' max_len follows data.max_len
+    opts = load_config("lra/listops/primalformer", ["--data.max_len", "500"]).model.attention_options
+    assert all(o["max_len"] == 500 for o in (opts if isinstance(opts, list) else [opts]))
+
+
+def test_an_overridden_reference_keeps_its_own_value():
+    cfg = load_config(
+        "vision/fashion_mnist/reduced/deit", ["--trainer.max_steps", "1234", "--schedule.total_steps", "50"]
+    )
+    assert (cfg.trainer.max_steps, cfg.schedule.total_steps) == (1234, 50)
+    # the attention switch and unknown keys behave as before
+    assert load_config("lra/listops/primalformer", ["--attention", "softmax"]).model.attention == "softmax"
+    with pytest.raises(ConfigError, match="unknown config key"):
+        load_config("lra/listops/primalformer", ["--trainer.nope", "1"])
