@@ -12,27 +12,13 @@ import primaldual as pd
 import primaldual.attention.primal as primal_mod
 from primaldual.attention.primal import PrimalAttention
 from primaldual.naive.primal import ksvd_term_ref, primal_attention_ref, primal_params_from_layer
+from tests.attention.test_primal import DIM, B, H, N, _mask
+from tests.attention.test_primal import _layer as _eager_layer
 from tests.conftest import rel_err
-
-B, N, DIM, H = 3, 23, 12, 3
 
 
 def _layer(**opts) -> PrimalAttention:
-    torch.manual_seed(1)
-    layer = pd.build_attention("primal", DIM, H, dtype=torch.float64, compile=True, **opts)
-    with torch.no_grad():  # random (not default) biases and Lambda so every term is exercised
-        for p in layer.parameters():
-            if p.dim() == 1:
-                p.normal_()
-    return layer
-
-
-def _mask() -> torch.Tensor:
-    m = torch.ones(B, N, dtype=torch.bool)
-    m[1, 15:] = False  # right padding
-    m[2, :4] = False  # left padding
-    m[2, 10] = False  # a hole
-    return m
+    return _eager_layer(compile=True, **opts)  # the same seeded float64 layer with random biases and Lambda
 
 
 # Each option family once (a compilation costs seconds): non-causal / causal, exact / reference padding, global /
