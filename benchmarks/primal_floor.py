@@ -13,6 +13,13 @@ KSVD term, backward, gradients cleared. After ``--warmup`` passes of each case (
 case's figure is the median over rounds of its mean pass time, with the min-max over rounds. Interleaving cancels
 slow drift on a shared machine, not contention: run it with nothing else on the machine.
 
+The allocator is part of the measurement. glibc's default hands freed memory back to the kernel between passes, so
+each pass first-touches fresh pages and the page faults per pass vary up to 10x from run to run (the floor at
+N = 4,096 moved 12-16 ms). Run it as well with glibc's trimming off, PyTorch's usual advice for CPU timing (or
+with jemalloc / tcmalloc preloaded), which times the arithmetic; the JSON records the setting:
+``GLIBC_TUNABLES=glibc.malloc.trim_threshold=4294967295:glibc.malloc.mmap_threshold=33554432`` (nothing given
+back; blocks up to 32 MiB, glibc's most, from the heap instead of their own mmap).
+
 Run: ``python benchmarks/primal_floor.py --lengths 1024 4096 16384 --threads 2 --json runs/bench/floor.json``.
 """
 
@@ -21,6 +28,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -155,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             "commit": _commit(Path(__file__).resolve().parent.parent),
             "baseline_commit": _commit(args.baseline_tree) if args.baseline_tree else None,
             "command": " ".join(sys.argv),
+            # the allocator settings change the page faults per pass, so they belong to the figures
+            "allocator_env": {k: os.environ[k] for k in ("GLIBC_TUNABLES", "LD_PRELOAD") if k in os.environ},
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)

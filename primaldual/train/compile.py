@@ -6,6 +6,12 @@ the first validation batch is run through the model eagerly and compiled (eval m
 the KSVD terms play no part) and the two outputs are compared. Where compilation raises (no C++ compiler for the
 CPU backend, an unsupported operation) or the outputs disagree, the model is left eager and one line says why;
 training never stops for it. Training itself compiles a second graph (with gradients) on its first step.
+
+On CPU the model is compiled with Inductor's ``fallback_random``: random operations (dropout's masks, drop-path)
+then call ATen's generator instead of Inductor's in-kernel Philox, whose CPU code seeds one Philox engine per
+element. On an LRA ListOps step of PrimalFormer (batch 4, one thread) that Philox code made the compiled step 1.5x
+slower than eager; with ``fallback_random`` the compiled step is no slower than eager (docs/benchmarks.md section
+2). On GPU Inductor's random numbers are fused Triton code, so the default stays.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from torch import Tensor, nn
 
 from ..aux_loss import collect_aux_loss
 
-__all__ = ["compile_model"]
+__all__ = ["compile_model", "compile_options"]
 
 _RTOL, _ATOL = 1e-3, 1e-4  # float32 kernels of another order of summation, not another result
 
@@ -36,6 +42,13 @@ def _outputs(out: Any) -> list[Tensor]:
     return []
 
 
+def compile_options(model: nn.Module) -> dict[str, Any]:
+    """Inductor options for compiling ``model``: ``fallback_random`` when its parameters are on the CPU."""
+    p = next(model.parameters(), None)
+    on_cpu = p is None or p.device.type == "cpu"
+    return {"fallback_random": True} if on_cpu else {}
+
+
 def compile_model(model: nn.Module, inputs: Sequence[Any], note: Callable[[str], None]) -> bool:
     """Compile ``model`` in place and check ``model(*inputs)`` against eager; True when it trains compiled.
 
@@ -49,7 +62,7 @@ def compile_model(model: nn.Module, inputs: Sequence[Any], note: Callable[[str],
         with torch.no_grad():
             ref = _outputs(model(*inputs))
             collect_aux_loss(model)
-            model.compile()
+            model.compile(options=compile_options(model))
             got = _outputs(model(*inputs))
             collect_aux_loss(model)
     except Exception as e:  # any failure of the compiler: train eagerly

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from primaldual.models import SequenceClassifier
-from primaldual.train.compile import compile_model
+from primaldual.train.compile import compile_model, compile_options
 from primaldual.train.config import ConfigError, RunConfig, dump_config, load_config
 
 from .helpers import fit_cmd, run, write_config
@@ -50,6 +50,27 @@ def test_a_compiled_model_that_disagrees_with_eager_is_not_used(monkeypatch):
     assert compile_model(model, inputs, notes.append) is False
     assert "disagrees with eager" in notes[0] and "training eagerly" in notes[0]
     assert torch.equal(model(*inputs), ref)  # the wrong compiled call was removed
+
+
+def test_cpu_models_compile_with_aten_random_numbers(monkeypatch):
+    # Inductor's in-kernel Philox on CPU made a dropout-heavy step 1.5x slower than eager; ATen's generator is used
+    model, inputs = _model_and_inputs()
+    assert compile_options(model) == {"fallback_random": True}
+    assert compile_options(nn.Identity()) == {"fallback_random": True}  # no parameters: nothing to put elsewhere
+    seen: list[dict] = []
+
+    def record(self, *args, **kwargs):
+        seen.append(kwargs)
+
+    monkeypatch.setattr(nn.Module, "compile", record)
+    compile_model(model, inputs, lambda _: None)
+    assert seen == [{"options": {"fallback_random": True}}]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_models_keep_inductors_random_numbers():
+    model, _ = _model_and_inputs()
+    assert compile_options(model.cuda()) == {}
 
 
 def test_compile_option_is_validated_and_absent_from_uncompiled_configs():
