@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..encoder import Encoder, LearnedPositionalEncoding
+from ..options import check_int
 
 __all__ = ["VIT_PRESETS", "VisionClassifier", "vit"]
 
@@ -41,6 +42,10 @@ class VisionClassifier(nn.Module):
         num_classes: classes. dim, depth, num_heads, ffn_dim, dropout, drop_path: encoder sizes (``drop_path``:
             stochastic depth rising linearly to this value in the last block, as DeiT).
         attention, attention_options: per-layer registry names / options (``[..., "primal"]`` = Primal.+DeiT).
+        patch_kernel: side of the patch projection's kernel; None: ``patch_size`` (ViT's non-overlapping patches).
+            A larger kernel (``patch_size`` plus an even number) makes each token see its patch and a
+            ``(patch_kernel - patch_size) / 2``-pixel border of its neighbours (zero padding at the image edge), an
+            overlapping patch embedding as in CvT / PVTv2; the token grid and count are unchanged.
         mean, std: per-channel pixel statistics. When given, the model takes raw pixels (``uint8`` 0-255, or
             floats in [0, 1]) and normalises them itself (buffers outside the state dict: the harness rebuilds them
             from the run's data); when None, inputs are used as they are (already normalised floats).
@@ -61,12 +66,19 @@ class VisionClassifier(nn.Module):
         drop_path: float = 0.0,
         attention: str | Sequence[str] = "softmax",
         attention_options: dict[str, Any] | Sequence[dict[str, Any] | None] | None = None,
+        patch_kernel: int | None = None,
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
     ) -> None:
         super().__init__()
         if image_size % patch_size:
             raise ValueError(f"patch_size ({patch_size}) must divide image_size ({image_size})")
+        kernel = patch_size if patch_kernel is None else check_int("patch_kernel", patch_kernel, low=patch_size)
+        if (kernel - patch_size) % 2:
+            raise ValueError(
+                f"patch_kernel: expected patch_size ({patch_size}) plus an even number (a border as wide on each "
+                f"side), got {patch_kernel}"
+            )
         if (mean is None) != (std is None):
             raise ValueError("mean, std: give both (raw pixels in, normalised inside) or neither")
         self.image_size, self.in_channels = image_size, in_channels
@@ -78,7 +90,10 @@ class VisionClassifier(nn.Module):
             self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
             self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
         num_patches = (image_size // patch_size) ** 2
-        self.patch = nn.Conv2d(in_channels, dim, kernel_size=patch_size, stride=patch_size)
+        # padding (k - p) / 2 keeps the (H/p, W/p) token grid for any allowed kernel
+        self.patch = nn.Conv2d(
+            in_channels, dim, kernel_size=kernel, stride=patch_size, padding=(kernel - patch_size) // 2
+        )
         self.cls = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos = LearnedPositionalEncoding(num_patches + 1, dim)
         self.drop = nn.Dropout(dropout)

@@ -145,7 +145,8 @@ class ModelConfig:
     :class:`~primaldual.models.CausalLM` (pre-LN, causal attention in every layer; ``tie_embeddings``: the output
     layer shares the token embedding's weight). ``vit``: the
     :class:`~primaldual.models.VisionClassifier` (pre-LN, CLS token, ``patch_size`` patches, stochastic depth
-    rising linearly to ``drop_path`` in the last block)."""
+    rising linearly to ``drop_path`` in the last block; ``patch_kernel``: the patch projection's kernel, None for
+    ``patch_size``, larger for overlapping patches)."""
 
     kind: str = "auto"
     dim: int = 512
@@ -163,6 +164,7 @@ class ModelConfig:
     tie_embeddings: bool = True
     patch_size: int = 16
     drop_path: float = 0.0
+    patch_kernel: int | None = None
 
     def backbone_kwargs(self) -> dict[str, Any]:
         """The keyword arguments every task model passes to its encoder stack (sizes and attention plan)."""
@@ -465,6 +467,11 @@ def _validate(cfg: RunConfig) -> None:
     check_bool("model.tie_embeddings", m.tie_embeddings)
     check_int("model.patch_size", m.patch_size, low=1)
     check_number("model.drop_path", m.drop_path, low=0, high=1, high_open=True)
+    check_int("model.patch_kernel", m.patch_kernel, low=m.patch_size, allow_none=True)
+    if m.patch_kernel is not None and (m.patch_kernel - m.patch_size) % 2:
+        raise ConfigError(
+            f"model.patch_kernel: expected model.patch_size ({m.patch_size}) plus an even number, got {m.patch_kernel}"
+        )
     if kind == "vit" and d.image_size is not None and d.image_size % m.patch_size:
         raise ConfigError(f"model.patch_size: {m.patch_size} must divide data.image_size ({d.image_size})")
     if cfg.task == VISION_TASK:
@@ -671,7 +678,13 @@ def check_machine(cfg: RunConfig) -> None:
 
 
 # keys only task vision reads: left out of other tasks' config.yaml (dump_config) when at their defaults
-_VISION_KEYS = (("data", "image_size"), ("data", "crop_pct"), ("model", "patch_size"), ("model", "drop_path"))
+_VISION_KEYS = (
+    ("data", "image_size"),
+    ("data", "crop_pct"),
+    ("model", "patch_size"),
+    ("model", "drop_path"),
+    ("model", "patch_kernel"),
+)
 # (section, key) of config keys introduced after 0.1.0 (see RunConfig.fingerprint)
 _ADDED_KEYS = [
     *(("data", k) for k in ("max_len", "tokenisation", "stand_in", "train_pairs", "eval_pairs", "val_size")),

@@ -130,6 +130,7 @@ def build_model(cfg: RunConfig, dm: UEADataModule | LRADataModule) -> nn.Module:
             classes,
             in_channels=dm.channels,
             drop_path=m.drop_path,
+            patch_kernel=m.patch_kernel,
             mean=dm.mean,
             std=dm.std,
             **common,

@@ -96,6 +96,26 @@ def test_vision_classifier_shapes_and_errors():
         VisionClassifier(8, 3, 10)
 
 
+def test_vision_classifier_overlapping_patches_keep_the_token_grid():
+    torch.manual_seed(0)
+    model = VisionClassifier(28, 4, 10, in_channels=1, dim=12, depth=1, num_heads=2, patch_kernel=8)
+    assert model.patch.kernel_size == (8, 8) and model.patch.padding == (2, 2)
+    assert model.patch(torch.randn(2, 1, 28, 28)).shape == (2, 12, 7, 7)  # (B, dim, 7, 7): 49 patches as before
+    assert model(torch.randn(2, 1, 28, 28)).shape == (2, 10)
+    # each token sees its 4 x 4 patch and a 2-pixel border: a pixel 3 px outside patch (0, 0) reaches only neighbours
+    x = torch.zeros(1, 1, 28, 28, requires_grad=True)
+    model.patch(x)[0, :, 0, 0].sum().backward()
+    seen = x.grad[0, 0].abs() > 0
+    assert seen[:6, :6].all() and not seen[6:, :].any() and not seen[:, 6:].any()
+    assert VisionClassifier(28, 4, 10, patch_kernel=4).patch.padding == (0, 0)  # = patch_size: plain ViT patches
+    with pytest.raises(ValueError, match="patch_kernel: expected patch_size"):
+        VisionClassifier(28, 4, 10, patch_kernel=7)
+    with pytest.raises(ValueError, match="patch_kernel"):
+        VisionClassifier(28, 4, 10, patch_kernel=2)
+    with pytest.raises(TypeError, match="patch_kernel"):
+        VisionClassifier(28, 4, 10, patch_kernel=8.0)
+
+
 def test_masked_mean():
     h = torch.arange(12.0).reshape(1, 4, 3)
     mask = torch.tensor([[True, True, False, False]])

@@ -36,6 +36,7 @@ def _config(tmp_path, root, **changes) -> str:
         "data.eval_batch_size": 8,
         "data.val_fraction": 0.2,
         "model.drop_path": 0.1,
+        "model.patch_kernel": 6,  # overlapping patches through the harness
         "model.attention": ["softmax", "primal"],
         "model.attention_options": [None, {"s": 4, "eta": 0.05, "max_len": 17}],
         "trainer.val_check_interval": 4,
@@ -110,6 +111,9 @@ def _fit_fails(tmp_path, cfg: str) -> str:
         ({"augment.mixup_alpha": -1}, "mixup_alpha"),
         ({"model.kind": "sequence"}, "model.kind"),
         ({"data.crop_pct": 0}, "data.crop_pct"),
+        ({"model.patch_kernel": 7}, "model.patch_kernel: expected model.patch_size"),
+        ({"model.patch_kernel": 2}, "model.patch_kernel"),
+        ({"model.patch_kernel": "8"}, "model.patch_kernel"),
     ],
 )
 def test_bad_vision_configs_are_refused_naming_the_key(tmp_path, folder, changes, match):
@@ -120,7 +124,12 @@ def test_bad_vision_configs_are_refused_naming_the_key(tmp_path, folder, changes
 def test_the_augment_section_and_vision_keys_belong_to_vision_only():
     with pytest.raises(ConfigError, match="augment"):
         load_config("lra/listops/transformer", ["--augment.hflip", "0.5"])
-    for key, value in (("model.patch_size", "4"), ("model.drop_path", "0.1"), ("data.image_size", "32")):
+    for key, value in (
+        ("model.patch_size", "4"),
+        ("model.drop_path", "0.1"),
+        ("data.image_size", "32"),
+        ("model.patch_kernel", "24"),
+    ):
         with pytest.raises(ConfigError, match=key):
             load_config("uea/JapaneseVowels/transformer", [f"--{key}", value])
 
