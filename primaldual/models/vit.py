@@ -46,6 +46,10 @@ class VisionClassifier(nn.Module):
             A larger kernel (``patch_size`` plus an even number) makes each token see its patch and a
             ``(patch_kernel - patch_size) / 2``-pixel border of its neighbours (zero padding at the image edge), an
             overlapping patch embedding as in CvT / PVTv2; the token grid and count are unchanged.
+        stem: ``"patch"`` (the patch projection above) or ``"conv"``: the convolutional stem of Xiao et al. (2021,
+            "Early convolutions help transformers see better"), ``log2(patch_size)`` stride-2 3 x 3 convolutions
+            (BatchNorm, ReLU; channels doubling up to ``dim``) and a 1 x 1 projection to ``dim``. Same token grid
+            (``patch_size`` a power of two, ``patch_kernel`` None); each token sees a growing, overlapping window.
         mean, std: per-channel pixel statistics. When given, the model takes raw pixels (``uint8`` 0-255, or
             floats in [0, 1]) and normalises them itself (buffers outside the state dict: the harness rebuilds them
             from the run's data); when None, inputs are used as they are (already normalised floats).
@@ -67,6 +71,7 @@ class VisionClassifier(nn.Module):
         attention: str | Sequence[str] = "softmax",
         attention_options: dict[str, Any] | Sequence[dict[str, Any] | None] | None = None,
         patch_kernel: int | None = None,
+        stem: str = "patch",
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
     ) -> None:
@@ -79,6 +84,13 @@ class VisionClassifier(nn.Module):
                 f"patch_kernel: expected patch_size ({patch_size}) plus an even number (a border as wide on each "
                 f"side), got {patch_kernel}"
             )
+        if stem not in ("patch", "conv"):
+            raise ValueError(f"stem: expected 'patch' or 'conv', got {stem!r}")
+        if stem == "conv" and (patch_size < 2 or patch_size & (patch_size - 1) or patch_kernel is not None):
+            raise ValueError(
+                f"stem 'conv': expected patch_size a power of two (got {patch_size}) and patch_kernel None "
+                f"(got {patch_kernel})"
+            )
         if (mean is None) != (std is None):
             raise ValueError("mean, std: give both (raw pixels in, normalised inside) or neither")
         self.image_size, self.in_channels = image_size, in_channels
@@ -90,10 +102,15 @@ class VisionClassifier(nn.Module):
             self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
             self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
         num_patches = (image_size // patch_size) ** 2
-        # padding (k - p) / 2 keeps the (H/p, W/p) token grid for any allowed kernel
-        self.patch = nn.Conv2d(
-            in_channels, dim, kernel_size=kernel, stride=patch_size, padding=(kernel - patch_size) // 2
-        )
+        self.stem = stem
+        self.patch: nn.Module
+        if stem == "conv":
+            self.patch = _conv_stem(in_channels, dim, patch_size)
+        else:
+            # padding (k - p) / 2 keeps the (H/p, W/p) token grid for any allowed kernel
+            self.patch = nn.Conv2d(
+                in_channels, dim, kernel_size=kernel, stride=patch_size, padding=(kernel - patch_size) // 2
+            )
         self.cls = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos = LearnedPositionalEncoding(num_patches + 1, dim)
         self.drop = nn.Dropout(dropout)
@@ -121,7 +138,7 @@ class VisionClassifier(nn.Module):
         if not self.normalizes:
             return images
         x = images.float() / 255.0 if images.dtype == torch.uint8 else images
-        x = x.to(self.patch.weight.dtype)  # e.g. bf16-true / 64-true training casts the weights, not the pixels
+        x = x.to(self.cls.dtype)  # e.g. bf16-true / 64-true training casts the weights, not the pixels
         return (x - self.mean.to(x.dtype)) / self.std.to(x.dtype)
 
     def forward(self, images: Tensor) -> Tensor:
@@ -137,6 +154,21 @@ class VisionClassifier(nn.Module):
         h = torch.cat([self.cls.expand(h.shape[0], -1, -1), h], dim=1)  # (B, 1 + P, D)
         h = self.encoder(self.drop(self.pos(h)))  # (B, 1 + P, D)
         return self.head(h[:, 0])  # (B, classes)
+
+
+def _conv_stem(in_channels: int, dim: int, patch_size: int) -> nn.Sequential:
+    """``(B, C, H, W)`` -> ``(B, dim, H/p, W/p)``: ``log2(p)`` stride-2 3 x 3 conv-BN-ReLU stages, channels
+    ``dim / 2^(k-1), ..., dim / 2, dim`` (at least 8), then a 1 x 1 projection to ``dim`` (with bias, as ViT's)."""
+    stages = patch_size.bit_length() - 1
+    layers: list[nn.Module] = []
+    c_in = in_channels
+    for i in range(stages):
+        c_out = max(dim >> (stages - 1 - i), 8)
+        # no conv bias: BatchNorm's shift replaces it
+        layers += [nn.Conv2d(c_in, c_out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU()]
+        c_in = c_out
+    layers.append(nn.Conv2d(c_in, dim, kernel_size=1))
+    return nn.Sequential(*layers)
 
 
 def vit(preset: str, num_classes: int, **kwargs: Any) -> VisionClassifier:

@@ -146,7 +146,7 @@ class ModelConfig:
     layer shares the token embedding's weight). ``vit``: the
     :class:`~primaldual.models.VisionClassifier` (pre-LN, CLS token, ``patch_size`` patches, stochastic depth
     rising linearly to ``drop_path`` in the last block; ``patch_kernel``: the patch projection's kernel, None for
-    ``patch_size``, larger for overlapping patches)."""
+    ``patch_size``, larger for overlapping patches; ``stem``: ``patch`` or ``conv``, a convolutional stem)."""
 
     kind: str = "auto"
     dim: int = 512
@@ -165,6 +165,7 @@ class ModelConfig:
     patch_size: int = 16
     drop_path: float = 0.0
     patch_kernel: int | None = None
+    stem: str = "patch"
 
     def backbone_kwargs(self) -> dict[str, Any]:
         """The keyword arguments every task model passes to its encoder stack (sizes and attention plan)."""
@@ -472,6 +473,13 @@ def _validate(cfg: RunConfig) -> None:
         raise ConfigError(
             f"model.patch_kernel: expected model.patch_size ({m.patch_size}) plus an even number, got {m.patch_kernel}"
         )
+    if m.stem not in ("patch", "conv"):
+        raise ConfigError(f"model.stem: expected 'patch' or 'conv', got {m.stem!r}")
+    if m.stem == "conv" and (m.patch_size < 2 or m.patch_size & (m.patch_size - 1) or m.patch_kernel is not None):
+        raise ConfigError(
+            f"model.stem: 'conv' needs model.patch_size a power of two (got {m.patch_size}) and model.patch_kernel "
+            f"null (got {m.patch_kernel})"
+        )
     if kind == "vit" and d.image_size is not None and d.image_size % m.patch_size:
         raise ConfigError(f"model.patch_size: {m.patch_size} must divide data.image_size ({d.image_size})")
     if cfg.task == VISION_TASK:
@@ -684,6 +692,7 @@ _VISION_KEYS = (
     ("model", "patch_size"),
     ("model", "drop_path"),
     ("model", "patch_kernel"),
+    ("model", "stem"),
 )
 # (section, key) of config keys introduced after 0.1.0 (see RunConfig.fingerprint)
 _ADDED_KEYS = [

@@ -131,6 +131,7 @@ def build_model(cfg: RunConfig, dm: UEADataModule | LRADataModule) -> nn.Module:
             in_channels=dm.channels,
             drop_path=m.drop_path,
             patch_kernel=m.patch_kernel,
+            stem=m.stem,
             mean=dm.mean,
             std=dm.std,
             **common,

@@ -116,6 +116,33 @@ def test_vision_classifier_overlapping_patches_keep_the_token_grid():
         VisionClassifier(28, 4, 10, patch_kernel=8.0)
 
 
+def test_vision_classifier_conv_stem_keeps_the_token_grid_and_sees_a_growing_window():
+    torch.manual_seed(0)
+    model = VisionClassifier(28, 4, 10, in_channels=1, dim=12, depth=1, num_heads=2, stem="conv")
+    convs = [m for m in model.patch if isinstance(m, torch.nn.Conv2d)]
+    assert [c.out_channels for c in convs] == [8, 12, 12] and [c.stride for c in convs] == [(2, 2), (2, 2), (1, 1)]
+    assert model.patch(torch.randn(2, 1, 28, 28)).shape == (2, 12, 7, 7)  # (B, dim, 7, 7): 49 tokens as before
+    assert model(torch.randn(2, 1, 28, 28)).shape == (2, 10)
+    # two stride-2 3 x 3 stages: token (1, 1) sees pixels 1..7 of each axis (its 4 x 4 patch at 4..7 plus 3 px
+    # before it; BatchNorm in eval mode so batch statistics do not couple pixels)
+    model.eval()
+    x = torch.randn(1, 1, 28, 28, requires_grad=True)
+    model.patch(x)[0, :, 1, 1].sum().backward()
+    seen = x.grad[0, 0].abs() > 0
+    assert not seen[0].any() and not seen[:, 0].any() and not seen[8:].any() and not seen[:, 8:].any()
+    assert seen[1].any() and seen[7].any() and seen[:, 1].any() and seen[:, 7].any()
+    assert (
+        len([m for m in VisionClassifier(224, 16, 10, dim=384, stem="conv").patch if isinstance(m, torch.nn.Conv2d)])
+        == 5
+    )
+    with pytest.raises(ValueError, match="stem: expected 'patch' or 'conv'"):
+        VisionClassifier(28, 4, 10, stem="convolutional")
+    with pytest.raises(ValueError, match="power of two"):
+        VisionClassifier(24, 6, 10, stem="conv")
+    with pytest.raises(ValueError, match="patch_kernel None"):
+        VisionClassifier(28, 4, 10, stem="conv", patch_kernel=8)
+
+
 def test_masked_mean():
     h = torch.arange(12.0).reshape(1, 4, 3)
     mask = torch.tensor([[True, True, False, False]])

@@ -61,7 +61,14 @@ def test_image_folder_run_trains_and_tests_end_to_end_with_the_deit_recipe(tmp_p
 
 
 def test_a_killed_vision_run_resumes_to_the_same_result(tmp_path, folder):
-    cfg = _config(tmp_path, folder, **{"trainer.max_steps": 12, "trainer.val_check_interval": 3})
+    # the conv stem's BatchNorm statistics must come back with the checkpoint too
+    changes = {
+        "trainer.max_steps": 12,
+        "trainer.val_check_interval": 3,
+        "model.stem": "conv",
+        "model.patch_kernel": None,
+    }
+    cfg = _config(tmp_path, folder, **changes)
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     run(fit_cmd(cfg, whole, "--threads", "1"))
     assert 1 <= kill_after_rows(fit_cmd(cfg, killed, "--threads", "1"), killed, 2) < 4
@@ -114,6 +121,9 @@ def _fit_fails(tmp_path, cfg: str) -> str:
         ({"model.patch_kernel": 7}, "model.patch_kernel: expected model.patch_size"),
         ({"model.patch_kernel": 2}, "model.patch_kernel"),
         ({"model.patch_kernel": "8"}, "model.patch_kernel"),
+        ({"model.stem": "Conv"}, "model.stem: expected 'patch' or 'conv'"),
+        ({"model.stem": "conv"}, "model.stem: 'conv' needs .* model.patch_kernel null"),
+        ({"model.stem": True}, "model.stem"),
     ],
 )
 def test_bad_vision_configs_are_refused_naming_the_key(tmp_path, folder, changes, match):
@@ -129,6 +139,7 @@ def test_the_augment_section_and_vision_keys_belong_to_vision_only():
         ("model.drop_path", "0.1"),
         ("data.image_size", "32"),
         ("model.patch_kernel", "24"),
+        ("model.stem", "conv"),
     ):
         with pytest.raises(ConfigError, match=key):
             load_config("uea/JapaneseVowels/transformer", [f"--{key}", value])
