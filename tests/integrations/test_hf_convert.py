@@ -129,6 +129,23 @@ def test_primal_gpt2_generate_equals_greedy_full_forwards(primal_gpt2):
     assert torch.equal(got, _greedy(primal_gpt2, ids, 4, mask))
 
 
+@pytest.mark.parametrize("keyword", ["cache", "past_key_values"])
+def test_the_cache_is_found_under_either_keyword(primal_gpt2, keyword):
+    # transformers 5.24 renamed the attention's ``past_key_values`` argument to ``cache``; both must reach the state
+    from transformers.cache_utils import DynamicCache
+
+    layer = primal_gpt2.transformer.h[1].attn
+    x = torch.randn(2, 6, primal_gpt2.config.n_embd)  # (B, N, C)
+    with torch.no_grad():
+        full, _ = layer(x)
+        cache = DynamicCache()
+        head, _ = layer(x[:, :5], **{keyword: cache})
+        last, _ = layer(x[:, 5:], **{keyword: cache})
+    entry = cache.layers[1]
+    assert isinstance(entry, hf.PrimalCacheLayer) and entry.seen == 6
+    torch.testing.assert_close(torch.cat([head, last], 1), full, rtol=1e-5, atol=1e-6)
+
+
 def test_every_layer_primal_generates_and_softmax_conversion_generates_like_the_original():
     model = tiny("gpt2")
     ids, _ = token_batch(pad_from=None, length=5)

@@ -2,7 +2,8 @@
 
 :class:`HFSelfAttention` wraps a primaldual layer (``(B, N, C) -> (B, N, C)``, query / key / value / output weights
 copied from the original) and accepts the forward signature of the module it replaced: its positional parameter
-names are recorded at conversion, so ``GPT2Attention(hidden_states, past_key_values, attention_mask, ...)``,
+names are recorded at conversion, so ``GPT2Attention(hidden_states, cache, attention_mask, ...)`` (``past_key_values``
+before transformers 5.24),
 ``BertAttention(hidden_states, attention_mask, encoder_hidden_states, ...)`` and ``ViTAttention(hidden_states,
 attention_mask)`` calls all bind the same way. It returns ``(hidden_states, attention_weights or None)``, as those
 modules do in transformers 5.
@@ -93,7 +94,8 @@ class HFSelfAttention(nn.Module):
                 "(encoder_hidden_states) is not supported"
             )
         mask = bound.get("attention_mask")
-        cache = bound.get("past_key_values")
+        # transformers >= 5.24 passes the cache as ``cache``; earlier 5.x releases as ``past_key_values``
+        cache = bound.get("cache", bound.get("past_key_values"))
         need_weights = attentions_requested(bound) and type(self.attn).capabilities.weights
         x = hidden_states
         B, N, _ = x.shape
