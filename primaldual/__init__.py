@@ -23,6 +23,7 @@ from .attention import (
 from .attention.primal import PrimalAttention, PrimalState
 from .aux_loss import AuxLossMixin, clear_aux_loss, collect_aux_loss
 from .checks import set_input_checks
+from .dropout import CounterDropout, use_counter_dropout
 from .encoder import Encoder, EncoderBlock, LearnedPositionalEncoding, SinusoidalPositionalEncoding
 from .models.plans import primal_plus, primalformer
 
@@ -32,6 +33,7 @@ __all__ = [
     "AttentionLayer",
     "AuxLossMixin",
     "Capabilities",
+    "CounterDropout",
     "Encoder",
     "EncoderBlock",
     "LearnedPositionalEncoding",
@@ -48,4 +50,5 @@ __all__ = [
     "primalformer",
     "register_attention",
     "set_input_checks",
+    "use_counter_dropout",
 ]

@@ -156,9 +156,11 @@ def build_case(case: dict[str, Any]) -> tuple[Any, Any, Any]:
     opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
     model.train()
     if case.get("compile", False):
+        from primaldual.dropout import use_counter_dropout
         from primaldual.train.compile import compile_options
 
-        # in place and with trainer.compile's options; the first (warm-up) steps pay for the compilation
+        # in place, with trainer.compile's dropout and options; the first (warm-up) steps pay for the compilation
+        use_counter_dropout(model)
         model.compile(options=compile_options(model))
     amp = device.type == "cuda" and case.get("amp", False)
 

@@ -7,12 +7,13 @@ the KSVD terms play no part) and the two outputs are compared. Where compilation
 CPU backend, an unsupported operation) or the outputs disagree, the model is left eager and one line says why;
 training never stops for it. Training itself compiles a second graph (with gradients) on its first step.
 
-On CPU the model is compiled with Inductor's ``fallback_random``: random operations (dropout's masks, drop-path)
-then call ATen's generator instead of Inductor's in-kernel Philox, whose CPU code seeds one Philox engine per
-element. On an LRA ListOps step of PrimalFormer (batch 4, one thread) that Philox code made the compiled step 1.5x
-slower than eager. With ``fallback_random``, compiled PrimalFormer steps are 1.6x faster than eager on the
-1,024-token LRA tasks and 0.9-1.2x on ListOps (docs/benchmarks.md section 2). On GPU Inductor's random numbers are
-fused Triton code, so the default stays.
+Random numbers on CPU. The model's ``nn.Dropout`` modules are swapped for :class:`primaldual.CounterDropout`
+(:func:`primaldual.use_counter_dropout`): inside the compiled graph their masks are an integer hash of the element
+index, fused into the surrounding loops and spread over the threads, where ATen's Bernoulli sampler is serial (it
+was a third of a compiled LRA ListOps step). Eagerly they are ``nn.Dropout``. Any other random operation
+(functional ``F.dropout``, drop-path) calls ATen's generator through Inductor's ``fallback_random``: Inductor's own
+CPU Philox seeds one engine per element and made a ListOps step 1.5x slower than eager. On GPU Inductor's random
+numbers are fused Triton code, so its defaults stay (``CounterDropout`` is plain dropout there).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from ..aux_loss import collect_aux_loss
+from ..dropout import use_counter_dropout
 
 __all__ = ["compile_model", "compile_options"]
 
@@ -63,6 +65,7 @@ def compile_model(model: nn.Module, inputs: Sequence[Any], note: Callable[[str],
         with torch.no_grad():
             ref = _outputs(model(*inputs))
             collect_aux_loss(model)
+            use_counter_dropout(model)  # plain nn.Dropout eagerly, so harmless if compilation fails
             model.compile(options=compile_options(model))
             got = _outputs(model(*inputs))
             collect_aux_loss(model)

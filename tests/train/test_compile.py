@@ -67,6 +67,17 @@ def test_cpu_models_compile_with_aten_random_numbers(monkeypatch):
     assert seen == [{"options": {"fallback_random": True}}]
 
 
+def test_compile_model_swaps_dropout_for_counter_dropout(monkeypatch):
+    from primaldual import CounterDropout
+
+    model, inputs = _model_and_inputs()
+    plain = [n for n, m in model.named_modules() if type(m) is nn.Dropout]
+    assert plain
+    monkeypatch.setattr(nn.Module, "compile", lambda self, *a, **k: None)
+    assert compile_model(model, inputs, lambda _: None)
+    assert [n for n, m in model.named_modules() if type(m) is CounterDropout] == plain
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_models_keep_inductors_random_numbers():
     model, _ = _model_and_inputs()
