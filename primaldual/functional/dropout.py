@@ -7,7 +7,8 @@ function of ``i`` and a 64-bit key drawn once per call from torch's generator: `
 ``mix`` the two-multiply 32-bit finaliser "lowbias32" (C. Wellons, hash-prospector), and the element is kept when
 the low 24 bits of ``h`` are at or above ``round(p 2^24)``. Under ``torch.compile`` the hash becomes a few integer
 operations inside the fused element-wise loop, parallel over the threads: on a 2-core CPU the masked ReLU of a
-``(8192, 128)`` activation costs 0.4 ms above the matmul against 7.9 ms with ATen's sampler (docs/benchmarks.md).
+``(8192, 128)`` activation costs 0.4-0.7 ms above the matmul against 7.9-8.2 ms with ATen's sampler
+(``benchmarks/dropout_sampler.py``, docs/benchmarks.md section 2).
 
 Properties (tested in ``tests/functional/test_dropout.py``): the same key gives the same mask eagerly and compiled,
 bit for bit; the keep fraction is ``1 - p`` to within binomial error at the 2^-24 resolution of ``p``; neighbouring

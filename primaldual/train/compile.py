@@ -60,12 +60,13 @@ def compile_model(model: nn.Module, inputs: Sequence[Any], note: Callable[[str],
         note: where the one-line outcome goes (``print`` on rank 0).
     """
     was_training = model.training
+    swapped = 0
     model.eval()
     try:
         with torch.no_grad():
             ref = _outputs(model(*inputs))
             collect_aux_loss(model)
-            use_counter_dropout(model)  # plain nn.Dropout eagerly, so harmless if compilation fails
+            swapped = use_counter_dropout(model)  # plain nn.Dropout eagerly, so harmless if compilation fails
             model.compile(options=compile_options(model))
             got = _outputs(model(*inputs))
             collect_aux_loss(model)
@@ -92,5 +93,10 @@ def compile_model(model: nn.Module, inputs: Sequence[Any], note: Callable[[str],
         )
         return False
     worst = max((r.float() - g.float()).abs().max().item() for r, g in zip(ref, got, strict=True))
-    note(f"trainer.compile: compiled with torch.compile; matches eager on the first validation batch ({worst:.2g})")
+    on_cpu = bool(compile_options(model))  # the CPU options are the non-empty ones
+    counter = f"; {swapped} dropout modules draw counter-based masks" if swapped and on_cpu else ""
+    note(
+        f"trainer.compile: compiled with torch.compile{counter}; matches eager on the first validation batch "
+        f"({worst:.2g})"
+    )
     return True
