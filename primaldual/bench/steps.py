@@ -11,6 +11,11 @@ DeiT batch augmentation: mixup / cutmix, RandAugment, erasing), i.e. the forward
 layers' auxiliary (KSVD) loss; ``loss.backward()``; the optimiser step (``configure_optimizers``' optimiser with its
 parameter groups; the learning-rate schedule is not stepped) and ``zero_grad(set_to_none=True)``.
 
+With ``trainer.compile: true`` in a config (or ``--set trainer.compile=true``) its model is compiled as a run
+compiles it (:func:`~primaldual.train.compile.compile_model`: dropout swapped for ``CounterDropout`` on CPU, checked
+against eager on the first validation batch, eager with one line where that fails); the warm-up steps pay for the
+compilation, so give ``--warmup`` 2 or more, and the table marks the config "(compiled)".
+
 What is not timed: data loading and collation (the same batch is reused), evaluation, logging, checkpointing and the
 rest of the Lightning loop (callbacks, hooks, gradient clipping, accumulation), and the config's
 ``trainer.precision`` / ``trainer.accelerator``: every step runs in float32 on the CPU, with ``--threads`` torch
@@ -67,6 +72,7 @@ class StepCase:
     batch: tuple[Any, ...]
     params: int
     batch_size: int
+    compiled: bool = False  # trainer.compile was set and the model compiled (not fallen back to eager)
 
 
 def parse_sets(items: list[str] | None) -> list[str]:
@@ -135,7 +141,13 @@ def build_case(spec: str, overrides: list[str] | None = None, batch_size: int | 
     except StopIteration:
         raise ValueError(f"{spec}: the training split is empty") from None
     params = sum(p.numel() for p in module.parameters())
-    return StepCase(spec, cfg, module, opt, batch, int(params), int(batch[0].shape[0]))
+    compiled = False
+    if cfg.trainer.compile:  # as a run compiles: in place, checked against eager on the first validation batch
+        from ..train.compile import compile_model
+
+        inputs = list(next(iter(dm.val_dataloader()[0]))[:-1])  # the model's inputs, as the run's check takes them
+        compiled = compile_model(module.model, inputs, lambda line: print(f"{spec}: {line}", flush=True))
+    return StepCase(spec, cfg, module, opt, batch, int(params), int(batch[0].shape[0]), compiled)
 
 
 def time_steps(case: StepCase, steps: int) -> float:
@@ -216,6 +228,7 @@ def run_steps(
                 "attention_options": m.attention_options,
                 "params": case.params,
                 "batch": case.batch_size,
+                "compiled": case.compiled,
                 "ms_per_step": median,
                 "ms_per_step_min": min(ms),
                 "ms_per_step_max": max(ms),
@@ -235,7 +248,8 @@ def steps_table(records: list[dict[str, Any]]) -> str:
     lines = [TABLE_HEADER, "|---|---|---:|---:|---:|---:|"]
     for r in records:
         lines.append(
-            f"| {r['config']} | {r['attention']} | {r['params']:,} | {_ms(r['ms_per_step'])} | "
+            f"| {r['config']} | {r['attention']}{' (compiled)' if r.get('compiled') else ''} | {r['params']:,} | "
+            f"{_ms(r['ms_per_step'])} | "
             f"{_ms(r['ms_per_step_min'])}-{_ms(r['ms_per_step_max'])} | {r['ratio_to_first']:.2f} |"
         )
     return "\n".join(lines)

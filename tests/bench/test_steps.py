@@ -5,6 +5,7 @@ errors (exit code 2)."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -68,6 +69,19 @@ def test_two_vision_configs_are_timed_interleaved_and_written(tmp_path, vision_c
         assert TABLE_HEADER in text
         rows = [line for line in text.splitlines() if line.startswith(f"| {a} ") or line.startswith(f"| {b} ")]
         assert len(rows) == 2 and rows[0].endswith("| 1.00 |")
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None, reason="no C++ compiler for Inductor")
+def test_a_config_with_trainer_compile_is_timed_compiled(tmp_path, vision_configs, capsys):
+    out = tmp_path / "out"
+    _, b = vision_configs
+    args = ["bench", "steps", b, "--steps", "1", "--rounds", "1", "--warmup", "2", "--threads", "1", "--batch", "3"]
+    assert main([*args, "--set", "trainer.compile=true", "--out", str(out)]) == 0
+    (r,) = _records(out)
+    assert r["compiled"] is True and r["attention"] == "softmax, primal"
+    printed = capsys.readouterr().out
+    assert "dropout modules draw counter-based masks; matches eager" in printed
+    assert f"| {b} | softmax, primal (compiled) |" in printed
 
 
 def test_a_uea_config_with_a_set_override(tmp_path):
