@@ -20,13 +20,13 @@ import platform
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from primaldual.bench.interleave import time_interleaved
 from primaldual.bench.lra import PAPER, TASKS, build_case
 
 CASES = (("transformer", False), ("primalformer", False), ("transformer", True), ("primalformer", True))
@@ -43,17 +43,8 @@ def time_task(task: str, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         torch.manual_seed(0)
         _, step, _ = build_case(case)
         steps[_label(model, compiled)] = step
-    names = list(steps)
-    for name in names:
-        for _ in range(args.warmup):
-            steps[name]()
-    per_round: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(args.rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            t0 = time.perf_counter()
-            for _ in range(args.steps):
-                steps[name]()
-            per_round[name].append((time.perf_counter() - t0) / args.steps * 1e3)  # s per 1K steps
+    # ms per step = s per 1K steps
+    per_round = time_interleaved(steps, rounds=args.rounds, calls=args.steps, warmup=args.warmup)
     return {
         n: {"s_per_1k": statistics.median(v), "min": min(v), "max": max(v), "rounds": v} for n, v in per_round.items()
     }

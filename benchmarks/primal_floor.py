@@ -33,7 +33,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +41,7 @@ from typing import Any
 import torch
 
 import primaldual as pd
+from primaldual.bench.interleave import time_interleaved
 from primaldual.bench.layers import projection_floor
 
 
@@ -93,19 +93,8 @@ def build_cases(args: argparse.Namespace, n: int, baseline: Any | None) -> dict[
     return cases
 
 
-def time_interleaved(cases: dict[str, Callable[[], None]], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    names = list(cases)
-    for name in names:
-        for _ in range(args.warmup):
-            cases[name]()
-    per_round: dict[str, list[float]] = {m: [] for m in names}
-    for r in range(args.rounds):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for name in order:
-            t0 = time.perf_counter()
-            for _ in range(args.calls):
-                cases[name]()
-            per_round[name].append((time.perf_counter() - t0) / args.calls * 1e3)
+def time_cases(cases: dict[str, Callable[[], None]], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    per_round = time_interleaved(cases, rounds=args.rounds, calls=args.calls, warmup=args.warmup)
     return {
         m: {"ms": statistics.median(v), "min_ms": min(v), "max_ms": max(v), "rounds_ms": v}
         for m, v in per_round.items()
@@ -138,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)  # a compile fallback must not pass as a timing
             cases = build_cases(args, n, baseline)
-            res = time_interleaved(cases, argparse.Namespace(**{**vars(args), "calls": calls}))
+            res = time_cases(cases, argparse.Namespace(**{**vars(args), "calls": calls}))
         floor = res["floor"]["ms"]
         row = {
             "N": n,
