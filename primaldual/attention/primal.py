@@ -57,11 +57,13 @@ from ..functional.primal import (
     causal_prefix_mean,
     cosine_feature_map,
     data_dependent_weights,
+    ksvd_loss_from_energies,
     ksvd_loss_from_scores,
     primal_kernel,
     primal_scores_from_input,
     sample_tokens,
 )
+from ..functional.primal_rotated import primal_output_rotated, use_rotated
 from ..options import check_bool, check_choice, check_int, check_number
 from .base import AttentionLayer
 from .capabilities import Capabilities
@@ -342,6 +344,15 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         exact_mask = mask if self.padding == "exact" else None
         src = causal_prefix_mean(x, exact_mask) if self.causal else x  # (B, N, C)
         w = self._weights(x, mask, p)
+        if use_rotated(B, N, self.data_dependent):
+            weight, bias = self._fused_output(p)
+            out, energy = primal_output_rotated(
+                src, p["qk_w"], p["qk_b"], w, weight, bias, p["lam"], exact_mask, self.eps
+            )
+            term = None
+            if ksvd:
+                term = ksvd_loss_from_energies(energy, p["w_e"], p["w_r"], exact_mask, N, self.ksvd_reduction)
+            return out, term
         scores, _ = primal_scores_from_input(src, p["qk_w"], p["qk_b"], w, self.eps)
         term = None
         if ksvd:

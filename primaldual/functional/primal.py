@@ -34,6 +34,7 @@ __all__ = [
     "data_dependent_weights",
     "even_positions",
     "ksvd_loss",
+    "ksvd_loss_from_energies",
     "ksvd_loss_from_scores",
     "ksvd_objective",
     "primal_kernel",
@@ -281,14 +282,25 @@ class _MaskedSquareSums(torch.autograd.Function):
 def _objective_from_scores(
     scores: Tensor, w_e: Tensor, w_r: Tensor, lam: Tensor, mask: Tensor | None, reduction: str
 ) -> Tensor:
-    if reduction not in KSVD_REDUCTIONS:
-        raise ValueError(f"ksvd_reduction must be one of {KSVD_REDUCTIONS}, got {reduction!r}")
     B, N, H, _, s = scores.shape
     m = torch.ones(B, N, dtype=scores.dtype, device=scores.device) if mask is None else mask.to(scores.dtype)
     sums = _MaskedSquareSums.apply(scores.reshape(B, N, H * 2 * s), m)  # (B, H*2*s): masked sums of e^2, r^2
     lam2 = lam.square()[:, None, :].expand(H, 2, s).reshape(H * 2 * s)  # (H*2*s,)
     per_sample = sums @ lam2  # (B,): sum over heads, tokens of ||L e||^2 + ||L r||^2
-    count = m.sum(1) * H  # (B,) number of (head, token) pairs
+    return _objective_from_sums(per_sample, w_e, w_r, mask, N, reduction)
+
+
+def _objective_from_sums(
+    per_sample: Tensor, w_e: Tensor, w_r: Tensor, mask: Tensor | None, tokens: int, reduction: str
+) -> Tensor:
+    """J from ``per_sample`` ``(B,)`` = sum over heads and counted tokens of ``||L e||^2 + ||L r||^2``."""
+    if reduction not in KSVD_REDUCTIONS:
+        raise ValueError(f"ksvd_reduction must be one of {KSVD_REDUCTIONS}, got {reduction!r}")
+    H = w_e.shape[0]
+    if mask is None:
+        count = torch.full_like(per_sample, float(tokens * H))  # (B,) number of (head, token) pairs
+    else:
+        count = mask.to(per_sample.dtype).sum(1) * H
     trace = (w_e * w_r).sum() / H  # trace(mean_h W_e,h^T W_r,h)
     if reduction == "global":
         return 0.5 * per_sample.sum() / count.sum().clamp_min(1.0) - trace
@@ -361,6 +373,24 @@ def ksvd_loss_from_scores(
 ) -> Tensor:
     """:func:`ksvd_loss` on the token-major scores of :func:`primal_scores_from_input` ``(B, N, H, 2, s)``."""
     return _loss_from_objective(_objective_from_scores(scores, w_e, w_r, lam, mask, reduction), mask, reduction)
+
+
+def ksvd_loss_from_energies(
+    energy: Tensor,
+    w_e: Tensor,
+    w_r: Tensor,
+    mask: Tensor | None = None,
+    tokens: int | None = None,
+    reduction: str = "global",
+) -> Tensor:
+    """:func:`ksvd_loss` from per-group energies ``(B, 2H)``, ``sum_t m_t ||Lambda_h * score||^2`` (as returned by
+    :func:`~primaldual.functional.primal_rotated.primal_output_rotated`); ``tokens`` is N, needed when ``mask`` is
+    None."""
+    if mask is None and tokens is None:
+        raise ValueError("ksvd_loss_from_energies needs tokens (the sequence length N) when mask is None")
+    n = mask.shape[1] if mask is not None else tokens
+    j = _objective_from_sums(energy.sum(1), w_e, w_r, mask, n, reduction)
+    return _loss_from_objective(j, mask, reduction)
 
 
 def primal_kernel(phi_q: Tensor, phi_k: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:

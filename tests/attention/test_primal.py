@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import primaldual as pd
+import primaldual.attention.primal as primal_layer_module
 import primaldual.functional.primal as primal_functional
 from primaldual.attention.primal import PrimalAttention
 from primaldual.naive.primal import ksvd_term_ref, primal_attention_ref, primal_params_from_layer
@@ -63,10 +64,11 @@ def _compare(layer: PrimalAttention, mask: torch.Tensor | None) -> None:
         assert rel_err(a, b) < 1e-10, name
 
 
-@pytest.fixture(params=["folded", "per_head"])
+@pytest.fixture(params=["folded", "per_head", "rotated"])
 def scores_path(request, monkeypatch):
-    """Both ways of computing the scores (``fold_scores`` picks one by cost): every comparison runs with each."""
+    """The three evaluations (``use_rotated`` and ``fold_scores`` pick by cost): every comparison runs with each."""
     monkeypatch.setattr(primal_functional, "fold_scores", lambda *a: request.param == "folded")
+    monkeypatch.setattr(primal_layer_module, "use_rotated", lambda *a: request.param == "rotated")
     return request.param
 
 
@@ -82,6 +84,29 @@ def test_matches_reference(causal, masked, padding, reduction, scores_path):
 @pytest.mark.parametrize("opts", [{"n": 40}, {"n": 1}, {"data_dependent": False}, {"qkv_bias": False, "s": 7}])
 def test_matches_reference_options(opts, scores_path):
     _compare(_layer(**opts), _mask())
+
+
+@pytest.mark.parametrize("s", [1, 2, 3])
+@pytest.mark.parametrize("padding", ["exact", "reference"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_rotated_matches_reference_below_head_width(causal, padding, s, monkeypatch):
+    # s < head width: the rotated basis has a complement (k = s < p = 4) whose zero-valued rows carry gradient.
+    # Sample 0 has one real token and sample 1 none, so their data-dependent W_e, W_r are rank 1 and 0.
+    monkeypatch.setattr(primal_layer_module, "use_rotated", lambda *a: True)
+    mask = _mask()
+    mask[0, 1:] = False
+    mask[1] = False
+    for reduction in ("global", "sample"):
+        _compare(_layer(causal=causal, padding=padding, ksvd_reduction=reduction, s=s, rank_multi=3), mask)
+    _compare(_layer(causal=causal, padding=padding, s=s, qkv_bias=False), None)
+
+
+def test_rotated_choice_by_length():
+    from primaldual.functional.primal_rotated import use_rotated
+
+    assert use_rotated(4, 4096, data_dependent=True)  # the LRA shapes
+    assert not use_rotated(16, 29, data_dependent=True)  # JapaneseVowels: per-sample decompositions cost more
+    assert use_rotated(16, 128, data_dependent=False)  # one decomposition per group for the whole batch
 
 
 def test_fold_choice_by_cost():

@@ -1,0 +1,219 @@
+"""The primal layer's output and KSVD energies in a rotated basis: the floor's GEMMs and little else.
+
+Per group g (queries or keys of head h; ``G = 2H`` groups, t-major as in ``w``) the layer computes
+``e = phi(q) W`` with ``q = x W_g^T + b_g`` ``(p,)``, ``phi(q) = q / max(||q||, eps)`` and ``W`` ``(p, s)``, then
+``out = sum_g e_g O_g`` (``O_g`` ``(s, C)``, the fused concat and output map) and the energy
+``E_g = sum_t m_t ||lambda_h * e_{t,g}||^2``. Written so, the scores need a product per head on top of the
+Q/K projection (``2 C s`` multiply-adds per token, in skinny GEMMs) or, folded into the projection, a third wide
+GEMM (``C 2H s``): 1.2-1.4x the dense maps the layer cannot avoid.
+
+Here an orthogonal ``T`` ``(p, p)`` per group (and per sample when ``W`` is data-dependent) is chosen whose first
+``k = min(p, s)`` columns span the range of ``W`` (a complete QR of ``W``) and, within it, diagonalise
+``A = R diag(lambda^2) R^T`` (an eigendecomposition of that ``k x k`` matrix), ``R = T[:, :k]^T W``. Rotating the
+projection, ``q' = x (W_g^T T) + b_g T``, changes no norm, so ``phi(q) W = y R`` with ``y = phi(q')[:k]``:
+
+* the output is ``out = y F`` with ``F = R O``, a ``G k -> C`` map (at most the floor's ``2Hs -> C``);
+* the energy is ``sum_t m_t sum_j A_jj y_tj^2``, element-wise, and so is its gradient in ``y``;
+* the other ``p - k`` rotated coordinates ``z`` enter only through the norm.
+
+``T`` is a function of ``W`` computed without gradient; the gradients stay exact because ``M = T^T W``
+(``(p, s)``, its last ``p - k`` rows zero in value) is formed with autograd and two small
+``autograd.Function`` s supply what those zero rows receive: ``sum_t z_t^T dout_t`` for the output map and
+``sum_t m_t z_t^T y_t`` for the energy. No step divides by ``R``, so rank-deficient ``W`` (sequences shorter
+than s, all-padding samples) differentiate as well as full-rank ones. Multiply-adds per token, forward and
+backward: the floor's ``3 (C 2C + 2H s C)`` plus ``(p - k) C`` and ``G p k`` (the complement's output-map
+gradient and the energies' Gram), against ``3 C 2H s`` more for the folded scores.
+
+Each call pays a QR and an eigendecomposition per group and sample (tens of microseconds on a CPU), so
+:func:`use_rotated` keeps short sequences with data-dependent weights on the score paths of
+:mod:`primaldual.functional.primal`.
+
+Hand-written: the rotation and its gradients are this library's own derivation; the tensor work is plain torch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["primal_output_rotated", "rotated_basis", "use_rotated"]
+
+# tokens per sample from which data-dependent weights take the rotated path: below it the per-sample QR and
+# eigendecomposition cost more than the GEMM work they save (B = 4, width 64, 2 heads, s = 20, 2 CPU threads:
+# level with the folded scores at 1,024 tokens, 1.2x faster at 4,096)
+MIN_TOKENS_DATA_DEPENDENT = 1024
+# data-independent weights (the causal layer) pay one decomposition per group per call, whatever the batch
+MIN_ROWS_SHARED = 1024
+
+
+def use_rotated(batch: int, tokens: int, data_dependent: bool) -> bool:
+    """Whether :func:`primal_output_rotated` is the cheaper evaluation for this shape (see the module docstring)."""
+    if data_dependent:
+        return tokens >= MIN_TOKENS_DATA_DEPENDENT
+    return batch * tokens >= MIN_ROWS_SHARED
+
+
+def rotated_basis(w: Tensor, lam: Tensor) -> Tensor:
+    """The orthogonal bases ``T`` of the module docstring, without gradient.
+
+    Args:
+        w: ``(B, 2, H, p, s)`` data-dependent or ``(2, H, p, s)`` ``stack(W_e, W_r)``.
+        lam: ``(H, s)``.
+
+    Returns:
+        ``(..., 2, H, p, p)`` orthogonal, in ``w``'s dtype: columns ``:k`` span ``range(W)`` and diagonalise
+        ``R diag(lam^2) R^T``; QR and eigendecomposition run in float32 at least (half has no kernels).
+    """
+    p, s = w.shape[-2:]
+    k = min(p, s)
+    with torch.no_grad():
+        work = torch.promote_types(w.dtype, torch.float32)
+        wd = w.detach().to(work)
+        t = torch.linalg.qr(wd, mode="complete").Q  # (..., 2, H, p, p)
+        r = t[..., :k].transpose(-1, -2) @ wd  # (..., 2, H, k, s)
+        a = (r * lam.detach().to(work).square()[:, None, :]) @ r.transpose(-1, -2)  # (..., 2, H, k, k)
+        v = torch.linalg.eigh(a).eigenvectors  # (..., 2, H, k, k)
+        return torch.cat((t[..., :k] @ v, t[..., k:]), -1).to(w.dtype)  # (..., 2, H, p, p)
+
+
+def _mm(a: Tensor, b: Tensor) -> Tensor:
+    """``(B, N, K) @ (K, M)`` shared or ``(B, K, M)`` per sample -> ``(B, N, M)``."""
+    return a @ b if b.dim() == 2 else torch.bmm(a, b)
+
+
+def _token_sum(a: Tensor, g: Tensor, shared: bool) -> Tensor:
+    """``sum_t a_t^T g_t``: ``(B, N, K), (B, N, M)`` -> ``(K, M)`` over the batch too if ``shared``, else ``(B, K, M)``."""
+    if shared:
+        rows = a.shape[0] * a.shape[1]
+        return a.reshape(rows, a.shape[-1]).T @ g.reshape(rows, g.shape[-1])  # (B*N, K)^T @ (B*N, M)
+    return torch.bmm(a.transpose(1, 2), g)
+
+
+class _RangeMap(torch.autograd.Function):
+    """``out = y f_y + z f_z + bias`` where ``f_z`` is zero in value: computes ``y f_y + bias``, and gives ``f_z``
+    its gradient.
+
+    y ``(B, N, G k)``, z ``(B, N, G (p-k))``, f_y ``([B,] G k, C)``, f_z ``([B,] G (p-k), C)``, bias ``(C,)`` or
+    None -> ``(B, N, C)``.
+    """
+
+    @staticmethod
+    def forward(ctx, y: Tensor, z: Tensor, f_y: Tensor, f_z: Tensor, bias: Tensor | None) -> Tensor:
+        ctx.save_for_backward(y, z, f_y)
+        ctx.shared, ctx.has_bias = f_y.dim() == 2, bias is not None
+        if bias is None:
+            return _mm(y, f_y)
+        if ctx.shared:
+            return F.linear(y, f_y.T, bias)
+        return torch.baddbmm(bias.expand(y.shape[0], 1, -1), y, f_y)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, Tensor, Tensor, Tensor | None]:
+        y, z, f_y = ctx.saved_tensors
+        # z's gradient would be grad f_z^T = 0: z reaches the loss through the norm only
+        d_bias = grad.sum((0, 1)) if ctx.has_bias else None
+        d_y = _mm(grad, f_y.transpose(-1, -2))
+        return d_y, None, _token_sum(y, grad, ctx.shared), _token_sum(z, grad, ctx.shared), d_bias
+
+
+class _RangeEnergy(torch.autograd.Function):
+    """``E_bg = sum_t m_t y A y^T`` with ``A = M_y diag(lam2) M_y^T`` diagonal in value, and ``M_z`` zero in value.
+
+    y ``(B, N, G, k)``, z ``(B, N, G, p-k)``, m_y ``([B,] G, k, s)``, m_z ``([B,] G, p-k, s)``, lam2 ``(G, s)``,
+    mask ``(B, N)`` (1 = counted) or None -> ``(B, G)``.
+    """
+
+    @staticmethod
+    def forward(
+        ctx, y: Tensor, z: Tensor, m_y: Tensor, m_z: Tensor, lam2: Tensor, mask: Tensor | None
+    ) -> Tensor:
+        ym = y if mask is None else y * mask[:, :, None, None]  # (B, N, G, k)
+        a = (m_y.square() * lam2[:, None, :]).sum(-1)  # ([B,] G, k): the diagonal of A
+        energy = (a * (ym * y).sum(1)).sum(-1)  # (B, G)
+        ctx.save_for_backward(y, z, m_y, lam2, a, *(() if mask is None else (mask,)))
+        ctx.shared = m_y.dim() == 3
+        return energy
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, Tensor, Tensor, Tensor, None]:
+        y, z, m_y, lam2, a, *mask = ctx.saved_tensors
+        B, N, G, k = y.shape
+        ym = y if not mask else y * mask[0][:, :, None, None]  # (B, N, G, k)
+        c = 2.0 * grad  # (B, G)
+        d_y = ym * (a * c[..., None])[:, None]  # (B, N, G, k): 2 g m y A with A diagonal
+        # the Gram sum_t m_t [y; z]^T y per group, one strided bmm each (no permuted copies of y, z)
+        g_yy = torch.stack([torch.bmm(y[:, :, i].transpose(1, 2), ym[:, :, i]) for i in range(G)], 1)  # (B, G, k, k)
+        g_zy = torch.stack([torch.bmm(z[:, :, i].transpose(1, 2), ym[:, :, i]) for i in range(G)], 1)  # (B,G,p-k,k)
+        w = m_y * lam2[:, None, :]  # ([B,] G, k, s)
+        d_my = (g_yy @ w) * c[..., None, None]  # (B, G, k, s)
+        d_mz = (g_zy @ w) * c[..., None, None]  # (B, G, p-k, s)
+        d_lam2 = ((m_y * (g_yy @ m_y)).sum(-2) * grad[..., None]).sum(0)  # (G, s)
+        if ctx.shared:
+            d_my, d_mz = d_my.sum(0), d_mz.sum(0)
+        return d_y, None, d_my, d_mz, d_lam2, None
+
+
+def primal_output_rotated(
+    x: Tensor,
+    qk_weight: Tensor,
+    qk_bias: Tensor | None,
+    w: Tensor,
+    out_weight: Tensor,
+    out_bias: Tensor | None,
+    lam: Tensor,
+    mask: Tensor | None = None,
+    eps: float = 1e-12,
+) -> tuple[Tensor, Tensor]:
+    """The layer's output map of the scores and the KSVD energies, from the layer input (module docstring).
+
+    Args:
+        x: ``(B, N, C)`` layer input (prefix means of it for the causal variant).
+        qk_weight: ``(2 H p, C)`` fused Q/K projection; qk_bias: ``(2 H p,)`` or None.
+        w: ``(B, 2, H, p, s)`` data-dependent or ``(2, H, p, s)`` ``stack(W_e, W_r)``.
+        out_weight: ``(C, H 2 s)`` the fused concat and output map, columns ``h 2s + t s + j``; out_bias ``(C,)``
+            or None.
+        lam: ``(H, s)``.
+        mask: ``(B, N)`` bool, True = counted in the energies, or None (all count). The output is not masked.
+        eps: zero-norm guard: ``phi(q) = q / max(||q||, eps)`` (``eps^2`` floored at the dtype's smallest normal).
+
+    Returns:
+        ``(out, energy)``: out ``(B, N, C)`` equals ``scores @ out_weight^T + out_bias`` of
+        :func:`~primaldual.functional.primal.primal_scores_from_input`; energy ``(B, 2H)`` is
+        ``sum_t m_t ||lam_h * score_{t,g}||^2`` for group ``g = t H + h`` (t = 0 queries/e, 1 keys/r).
+    """
+    B, N, C = x.shape
+    H, p, s = w.shape[-3:]
+    G, k = 2 * H, min(p, s)
+    shared = w.dim() == 4
+    t = rotated_basis(w, lam)  # (..., 2, H, p, p)
+    m = (t.transpose(-1, -2) @ w).flatten(-4, -3)  # (..., G, p, s): R on rows :k, zero in value below
+    lead = m.shape[:-3]  # (B,) or ()
+    w_rot = (qk_weight.view(2, H, p, C).transpose(-1, -2) @ t).flatten(-4, -3)  # (..., G, C, p)
+    w_rot = w_rot.transpose(-3, -2)  # (..., C, G, p)
+    w_y = w_rot[..., :k].reshape(*lead, C, G * k)  # (..., C, G*k)
+    w_z = w_rot[..., k:].reshape(*lead, C, G * (p - k))  # (..., C, G*(p-k))
+    b_y = b_z = None
+    if qk_bias is not None:
+        b_rot = (qk_bias.view(2, H, 1, p) @ t).reshape(*lead, G, p)  # (..., G, p)
+        b_y, b_z = b_rot[..., :k].reshape(*lead, G * k), b_rot[..., k:].reshape(*lead, G * (p - k))
+
+    def project(weight: Tensor, bias: Tensor | None) -> Tensor:  # (B, N, C) -> (B, N, width)
+        if shared:
+            return F.linear(x, weight.T, bias)
+        return torch.bmm(x, weight) if bias is None else torch.baddbmm(bias[:, None, :], x, weight)
+
+    # two GEMMs, not one split afterwards: the split's backward would interleave the two gradients element-wise
+    q_y = project(w_y, b_y).view(B, N, G, k)  # (B, N, G, k)
+    q_z = project(w_z, b_z).view(B, N, G, p - k)  # (B, N, G, p-k)
+    eps2 = max(eps * eps, torch.finfo(x.dtype).tiny)
+    inv = (q_y.square().sum(-1) + q_z.square().sum(-1)).clamp_min(eps2).rsqrt()[..., None]  # (B, N, G, 1)
+    y, z = q_y * inv, q_z * inv  # the rotated feature map
+    o = out_weight.view(C, H, 2, s).permute(2, 1, 3, 0).reshape(G, s, C)  # (C, H*2*s) -> (G, s, C)
+    m_y, m_z = m[..., :k, :], m[..., k:, :]  # (..., G, k, s), (..., G, p-k, s)
+    f_y = (m_y @ o).reshape(*lead, G * k, C)  # (..., G*k, C)
+    f_z = (m_z @ o).reshape(*lead, G * (p - k), C)  # (..., G*(p-k), C): zero in value
+    out = _RangeMap.apply(y.view(B, N, G * k), z.view(B, N, G * (p - k)), f_y, f_z, out_bias)  # (B, N, C)
+    lam2 = lam.square().repeat(2, 1)  # (G, s): lam_h for both groups of head h
+    energy = _RangeEnergy.apply(y, z, m_y, m_z, lam2, None if mask is None else mask.to(x.dtype))
+    return out, energy
