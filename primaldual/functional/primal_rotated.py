@@ -128,9 +128,11 @@ class _RangeEnergy(torch.autograd.Function):
     def forward(
         ctx, y: Tensor, z: Tensor, m_y: Tensor, m_z: Tensor, lam2: Tensor, mask: Tensor | None
     ) -> Tensor:
-        ym = y if mask is None else y * mask[:, :, None, None]  # (B, N, G, k)
         a = (m_y.square() * lam2[:, None, :]).sum(-1)  # ([B,] G, k): the diagonal of A
-        energy = (a * (ym * y).sum(1)).sum(-1)  # (B, G)
+        per_token = (y.square() * a.unsqueeze(-3)).sum(-1)  # (B, N, G): summed per token, in the feature map's loop
+        if mask is not None:
+            per_token = per_token * mask[:, :, None]
+        energy = per_token.sum(1)  # (B, G)
         ctx.save_for_backward(y, z, m_y, lam2, a, *(() if mask is None else (mask,)))
         ctx.shared = m_y.dim() == 3
         return energy

@@ -37,8 +37,22 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_compiled_core_matches_reference_float64(case):
     opts, masked = CASES[case]
-    layer = _layer(s=4, rank_multi=2, **opts)
-    mask = _mask() if masked else None
+    _check_compiled(_layer(s=4, rank_multi=2, **opts), _mask() if masked else None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("causal", [False, True])
+def test_compiled_rotated_core_matches_reference_float64(causal, monkeypatch):
+    # the rotated evaluation (chosen for long sequences) compiled, with a complement (s = 2 < head width 4) and,
+    # non-causal, rank-1 and rank-0 data-dependent weights (one real token, none)
+    monkeypatch.setattr(primal_mod, "use_rotated", lambda *a: True)
+    mask = _mask()
+    mask[0, 1:] = False
+    mask[1] = False
+    _check_compiled(_layer(s=2, rank_multi=3, causal=causal), mask)
+
+
+def _check_compiled(layer: PrimalAttention, mask: torch.Tensor | None) -> None:
     x = torch.randn(B, N, DIM, dtype=torch.float64, requires_grad=True)
     g = torch.randn(B, N, DIM, dtype=torch.float64)
     params = list(layer.parameters())
