@@ -297,10 +297,8 @@ def _objective_from_sums(
     if reduction not in KSVD_REDUCTIONS:
         raise ValueError(f"ksvd_reduction must be one of {KSVD_REDUCTIONS}, got {reduction!r}")
     H = w_e.shape[0]
-    if mask is None:
-        count = torch.full_like(per_sample, float(tokens * H))  # (B,) number of (head, token) pairs
-    else:
-        count = mask.to(per_sample.dtype).sum(1) * H
+    # (B,) number of (head, token) pairs
+    count = torch.full_like(per_sample, float(tokens * H)) if mask is None else mask.to(per_sample.dtype).sum(1) * H
     trace = (w_e * w_r).sum() / H  # trace(mean_h W_e,h^T W_r,h)
     if reduction == "global":
         return 0.5 * per_sample.sum() / count.sum().clamp_min(1.0) - trace

@@ -125,9 +125,7 @@ class _RangeEnergy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(
-        ctx, y: Tensor, z: Tensor, m_y: Tensor, m_z: Tensor, lam2: Tensor, mask: Tensor | None
-    ) -> Tensor:
+    def forward(ctx, y: Tensor, z: Tensor, m_y: Tensor, m_z: Tensor, lam2: Tensor, mask: Tensor | None) -> Tensor:
         a = (m_y.square() * lam2[:, None, :]).sum(-1)  # ([B,] G, k): the diagonal of A
         per_token = (y.square() * a.unsqueeze(-3)).sum(-1)  # (B, N, G): summed per token, in the feature map's loop
         if mask is not None:
@@ -184,10 +182,26 @@ def primal_output_rotated(
         :func:`~primaldual.functional.primal.primal_scores_from_input`; energy ``(B, 2H)`` is
         ``sum_t m_t ||lam_h * score_{t,g}||^2`` for group ``g = t H + h`` (t = 0 queries/e, 1 keys/r).
     """
+    if x.dim() != 3 or w.dim() not in (4, 5) or w.shape[-4] != 2:
+        raise ValueError(
+            f"x must be (B, N, C) and w (B, 2, H, p, s) or (2, H, p, s); got {tuple(x.shape)}, {tuple(w.shape)}"
+        )
     B, N, C = x.shape
     H, p, s = w.shape[-3:]
     G, k = 2 * H, min(p, s)
     shared = w.dim() == 4
+    expect = {
+        "qk_weight": (qk_weight, (2 * H * p, C)),
+        "out_weight": (out_weight, (C, H * 2 * s)),
+        "lam": (lam, (H, s)),
+    }
+    if not shared:
+        expect["w"] = (w, (B, 2, H, p, s))
+    for name, (value, shape) in expect.items():
+        if tuple(value.shape) != shape:
+            raise ValueError(
+                f"{name} must have shape {shape} for x {tuple(x.shape)} and w {tuple(w.shape)}, got {tuple(value.shape)}"
+            )
     t = rotated_basis(w, lam)  # (..., 2, H, p, p)
     m = (t.transpose(-1, -2) @ w).flatten(-4, -3)  # (..., G, p, s): R on rows :k, zero in value below
     lead = m.shape[:-3]  # (B,) or ()

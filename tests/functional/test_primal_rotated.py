@@ -1,0 +1,144 @@
+"""The rotated-basis evaluation of the primal layer against the score path it replaces (float64, forward and
+gradients), the basis it builds, rank-deficient and wide (s >= head width) weights, half precision and bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from primaldual.functional.primal import ksvd_loss_from_energies, primal_scores_from_input
+from primaldual.functional.primal_rotated import primal_output_rotated, rotated_basis, use_rotated
+from tests.conftest import rel_err
+
+
+def _score_path(x, qk_w, qk_b, w, out_w, out_b, lam, mask):
+    """Output and per-group energies through the explicit scores ``(B, N, H, 2, s)``."""
+    B, N, _ = x.shape
+    H, _, s = w.shape[-3:]
+    scores, _ = primal_scores_from_input(x, qk_w, qk_b, w)
+    out = torch.nn.functional.linear(scores.reshape(B, N, -1), out_w, out_b)
+    m = torch.ones(B, N, dtype=x.dtype) if mask is None else mask.to(x.dtype)
+    sq = scores.square() * lam.square()[None, None, :, None, :] * m[:, :, None, None, None]  # (B, N, H, 2, s)
+    return out, sq.sum((1, 4)).transpose(1, 2).reshape(B, 2 * H)  # (B, H, 2) -> (B, 2H), t-major
+
+
+def _inputs(B, N, H, p, s, data_dependent, bias, rank=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    C = H * p
+    f64 = {"dtype": torch.float64}
+    x = torch.randn(B, N, C, generator=g, **f64)
+    x[0, 1] = 0.0  # a zero query / key row: the zero-norm guard
+    qk_w = torch.randn(2 * C, C, generator=g, **f64)
+    qk_b = torch.randn(2 * C, generator=g, **f64) if bias else None
+    w = torch.randn(*((B,) if data_dependent else ()), 2, H, p, s, generator=g, **f64)
+    if rank is not None:  # rank-deficient W: columns from a rank-`rank` space (rank 0: all zero)
+        basis = torch.randn(*w.shape[:-1], max(rank, 1), generator=g, **f64)
+        w = basis @ torch.randn(*w.shape[:-2], max(rank, 1), s, generator=g, **f64) * (rank > 0)
+    out_w = torch.randn(C, H * 2 * s, generator=g, **f64)
+    out_b = torch.randn(C, generator=g, **f64) if bias else None
+    lam = torch.rand(H, s, generator=g, **f64)
+    mask = torch.rand(B, N, generator=g) > 0.3
+    return [x, qk_w, qk_b, w, out_w, out_b, lam, mask]
+
+
+CASES = {
+    "complement": (3, 17, 2, 8, 5, None),  # k = s = 5 < p = 8
+    "wide": (2, 11, 2, 4, 7, None),  # s >= p: no complement
+    "equal": (2, 9, 3, 4, 4, None),
+    "rank1": (2, 13, 2, 6, 4, 1),
+    "rank0": (2, 13, 2, 6, 4, 0),
+}
+
+
+@pytest.mark.parametrize("masked", [True, False])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("data_dependent", [True, False])
+@pytest.mark.parametrize("case", list(CASES))
+def test_equals_score_path_forward_and_gradients(case, data_dependent, bias, masked):
+    B, N, H, p, s, rank = CASES[case]
+    args = _inputs(B, N, H, p, s, data_dependent, bias, rank)
+    if not masked:
+        args[-1] = None
+    for a in args[:-1]:
+        if a is not None:
+            a.requires_grad_()
+    params = [a for a in args[:-1] if a is not None]
+    out, energy = primal_output_rotated(*args)
+    out_r, energy_r = _score_path(*args)
+    assert rel_err(out, out_r) < 1e-12
+    assert rel_err(energy, energy_r) < 1e-12
+    g_out, g_e = torch.randn_like(out), torch.randn_like(energy)
+    got = torch.autograd.grad((out * g_out).sum() + (energy * g_e).sum(), params)
+    want = torch.autograd.grad((out_r * g_out).sum() + (energy_r * g_e).sum(), params)
+    for a, b in zip(got, want):
+        assert rel_err(a, b) < 1e-10
+
+
+@pytest.mark.parametrize("case", ["complement", "wide", "rank1", "rank0"])
+def test_basis_is_orthogonal_spans_w_and_diagonalises_the_energy(case):
+    B, _, H, p, s, rank = CASES[case]
+    _, _, _, w, _, _, lam, _ = _inputs(B, 4, H, p, s, True, True, rank)
+    t = rotated_basis(w, lam)  # (B, 2, H, p, p)
+    k = min(p, s)
+    eye = torch.eye(p, dtype=t.dtype)
+    assert (t.transpose(-1, -2) @ t - eye).abs().max() < 1e-12
+    m = t.transpose(-1, -2) @ w  # (B, 2, H, p, s)
+    assert torch.cat((m[..., k:, :].flatten(), m.new_zeros(1))).abs().max() <= 1e-12 * max(
+        w.abs().max().item(), 1.0
+    )  # range(W) in columns :k
+    a = (m[..., :k, :] * lam.square()[:, None, :]) @ m[..., :k, :].transpose(-1, -2)  # (B, 2, H, k, k)
+    off = a - torch.diag_embed(torch.diagonal(a, dim1=-2, dim2=-1))
+    assert off.abs().max() <= 1e-12 * max(a.abs().max().item(), 1.0)
+    assert t.requires_grad is False
+
+
+def test_energies_give_the_ksvd_loss_of_the_scores():
+    from primaldual.functional.primal import ksvd_loss_from_scores
+
+    B, N, H, p, s = 3, 10, 2, 6, 4
+    x, qk_w, qk_b, w, out_w, out_b, lam, mask = _inputs(B, N, H, p, s, False, True)
+    w_e, w_r = w[0], w[1]
+    scores, _ = primal_scores_from_input(x, qk_w, qk_b, w)
+    _, energy = primal_output_rotated(x, qk_w, qk_b, w, out_w, out_b, lam, mask)
+    for msk in (mask, None):
+        _, energy = primal_output_rotated(x, qk_w, qk_b, w, out_w, out_b, lam, msk)
+        for reduction in ("global", "sample"):
+            want = ksvd_loss_from_scores(scores, w_e, w_r, lam, msk, reduction)
+            got = ksvd_loss_from_energies(energy, w_e, w_r, msk, N, reduction)
+            assert rel_err(got, want) < 1e-12
+    with pytest.raises(ValueError, match="tokens"):
+        ksvd_loss_from_energies(energy, w_e, w_r, None, None)
+    with pytest.raises(ValueError, match="ksvd_reduction"):
+        ksvd_loss_from_energies(energy, w_e, w_r, None, N, "mean")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_low_precision_runs_and_stays_close(dtype):
+    B, N, H, p, s = 2, 12, 2, 8, 5
+    args = _inputs(B, N, H, p, s, True, True)
+    low = [a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+    out, energy = primal_output_rotated(*low)
+    out_r, energy_r = _score_path(*args)
+    assert out.dtype == dtype and energy.dtype == dtype
+    tol = 3e-2 if dtype == torch.bfloat16 else 1e-4
+    assert rel_err(out.double(), out_r) < tol
+    assert rel_err(energy.double(), energy_r) < tol
+
+
+def test_choice_by_length():
+    assert use_rotated(4, 4096, data_dependent=True)
+    assert not use_rotated(64, 29, data_dependent=True)
+    assert use_rotated(16, 128, data_dependent=False)
+    assert not use_rotated(1, 16, data_dependent=False)
+
+
+def test_bad_shapes_are_named():
+    x, qk_w, qk_b, w, out_w, out_b, lam, mask = _inputs(2, 5, 2, 4, 3, True, True)
+    with pytest.raises(ValueError, match="out_weight must have shape"):
+        primal_output_rotated(x, qk_w, qk_b, w, out_w[:, :-1], out_b, lam, mask)
+    with pytest.raises(ValueError, match="lam must have shape"):
+        primal_output_rotated(x, qk_w, qk_b, w, out_w, out_b, lam.T, mask)
+    with pytest.raises(ValueError, match="w must have shape"):
+        primal_output_rotated(x, qk_w, qk_b, w[:1], out_w, out_b, lam, mask)
+    with pytest.raises(ValueError, match=r"x must be \(B, N, C\)"):
+        primal_output_rotated(x[0], qk_w, qk_b, w, out_w, out_b, lam, mask)
