@@ -113,7 +113,7 @@ class _RangeMap(torch.autograd.Function):
         y, z, f_y = ctx.saved_tensors
         # z's gradient would be grad f_z^T = 0: z reaches the loss through the norm only
         d_bias = grad.sum((0, 1)) if ctx.has_bias else None
-        d_y = _mm(grad, f_y.transpose(-1, -2))
+        d_y = _mm(grad, f_y.transpose(-1, -2).contiguous())  # a transposed view costs the GEMM ~25% on CPU
         return d_y, None, _token_sum(y, grad, ctx.shared), _token_sum(z, grad, ctx.shared), d_bias
 
 
@@ -215,9 +215,9 @@ def primal_output_rotated(
         b_y, b_z = b_rot[..., :k].reshape(*lead, G * k), b_rot[..., k:].reshape(*lead, G * (p - k))
 
     def project(weight: Tensor, bias: Tensor | None) -> Tensor:  # (B, N, C) -> (B, N, width)
-        if shared:
-            return F.linear(x, weight.T, bias)
-        return torch.bmm(x, weight) if bias is None else torch.baddbmm(bias[:, None, :], x, weight)
+        # the bias is added by the element-wise consumers (the norm loop), not copied into the GEMM's output first
+        q = x @ weight if shared else torch.bmm(x, weight)
+        return q if bias is None else q + (bias if shared else bias[:, None, :])
 
     # two GEMMs, not one split afterwards: the split's backward would interleave the two gradients element-wise
     q_y = project(w_y, b_y).view(B, N, G, k)  # (B, N, G, k)
