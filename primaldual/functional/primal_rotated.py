@@ -39,18 +39,26 @@ from torch import Tensor
 
 __all__ = ["primal_output_rotated", "rotated_basis", "use_rotated"]
 
-# tokens per sample from which data-dependent weights take the rotated path: below it the per-sample QR and
-# eigendecomposition cost more than the GEMM work they save (B = 4, width 64, 2 heads, s = 20, 2 CPU threads:
-# level with the folded scores at 1,024 tokens, 1.2x faster at 4,096)
-MIN_TOKENS_DATA_DEPENDENT = 1024
+# tokens per sample from which data-dependent weights take the rotated path, compiled / eager: below it the
+# per-sample QR and eigendecomposition and the rotated path's extra small ops cost more than the GEMM work they save.
+# Measured forward+backward, B = 4, width 64, 2 heads, s = 20, 2 CPU threads, against the folded scores: compiled
+# 0.94x at 512 tokens, 1.1x faster at 1,024 and 2,048, 1.06x at 4,096; eager 0.82x at 512, 0.93x at 1,024, 1.04x at 2,048, 1.11x at 4,096
+# (eager, element-wise steps are separate passes and the rotated path has more of them).
+MIN_TOKENS_COMPILED = 1024
+MIN_TOKENS_EAGER = 2048
 # data-independent weights (the causal layer) pay one decomposition per group per call, whatever the batch
 MIN_ROWS_SHARED = 1024
 
 
-def use_rotated(batch: int, tokens: int, data_dependent: bool) -> bool:
-    """Whether :func:`primal_output_rotated` is the cheaper evaluation for this shape (see the module docstring)."""
+def use_rotated(batch: int, tokens: int, data_dependent: bool, compiled: bool | None = None) -> bool:
+    """Whether :func:`primal_output_rotated` is the cheaper evaluation for this shape (see the module docstring).
+
+    ``compiled`` (default: whether a ``torch.compile`` trace is running) selects the compiled or eager threshold.
+    """
+    if compiled is None:
+        compiled = torch.compiler.is_compiling()
     if data_dependent:
-        return tokens >= MIN_TOKENS_DATA_DEPENDENT
+        return tokens >= (MIN_TOKENS_COMPILED if compiled else MIN_TOKENS_EAGER)
     return batch * tokens >= MIN_ROWS_SHARED
 
 

@@ -128,6 +128,10 @@ def test_low_precision_runs_and_stays_close(dtype):
 def test_choice_by_length():
     assert use_rotated(4, 4096, data_dependent=True)
     assert not use_rotated(64, 29, data_dependent=True)
+    assert use_rotated(4, 1024, data_dependent=True, compiled=True)  # compiled, from 1,024 tokens; eager from 2,048
+    assert not use_rotated(4, 1024, data_dependent=True, compiled=False)
+    assert not use_rotated(4, 1024, data_dependent=True)  # eager here
+    assert use_rotated(4, 2048, data_dependent=True, compiled=False)
     assert use_rotated(16, 128, data_dependent=False)
     assert not use_rotated(1, 16, data_dependent=False)
 
