@@ -334,17 +334,24 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         return self.proj_drop(out), weights
 
     def _core(
-        self, x: Tensor, mask: Tensor | None, p: dict[str, Tensor | None], ksvd: bool
+        self,
+        x: Tensor,
+        mask: Tensor | None,
+        p: dict[str, Tensor | None],
+        ksvd: bool,
+        as_compiled: bool | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Input ``(B, N, C)`` -> output ``(B, N, C)`` (before dropout) and the KSVD term (None if not ``ksvd``).
 
         A pure function of its arguments and the layer's options (no recording, no hooks): the region that
-        ``compile=True`` compiles."""
+        ``compile=True`` compiles. ``as_compiled`` picks the evaluation a compiled graph would pick (see
+        :func:`~primaldual.functional.primal_rotated.use_rotated`; default: whether a trace is running), so that
+        the eager check of a compiled core compares the same arithmetic."""
         B, N, _ = x.shape
         exact_mask = mask if self.padding == "exact" else None
         src = causal_prefix_mean(x, exact_mask) if self.causal else x  # (B, N, C)
         w = self._weights(x, mask, p)
-        if use_rotated(B, N, self.data_dependent):
+        if use_rotated(B, N, self.data_dependent, compiled=as_compiled):
             weight, bias = self._fused_output(p)
             out, energy = primal_output_rotated(
                 src, p["qk_w"], p["qk_b"], w, weight, bias, p["lam"], exact_mask, self.eps
@@ -375,7 +382,7 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
                 f"compilation failed ({type(err).__name__}: {str(err).splitlines()[0]})", x, mask, p, ksvd
             )
         with torch.no_grad():
-            ref_out, ref_term = self._core(x, mask, p, ksvd)
+            ref_out, ref_term = self._core(x, mask, p, ksvd, as_compiled=True)
         bad = _disagreement(out.detach(), ref_out) or (None if term is None else _disagreement(term.detach(), ref_term))
         if bad:
             return self._compile_fallback(f"the compiled core disagrees with eager ({bad})", x, mask, p, ksvd)

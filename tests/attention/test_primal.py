@@ -68,7 +68,7 @@ def _compare(layer: PrimalAttention, mask: torch.Tensor | None) -> None:
 def scores_path(request, monkeypatch):
     """The three evaluations (``use_rotated`` and ``fold_scores`` pick by cost): every comparison runs with each."""
     monkeypatch.setattr(primal_functional, "fold_scores", lambda *a: request.param == "folded")
-    monkeypatch.setattr(primal_layer_module, "use_rotated", lambda *a: request.param == "rotated")
+    monkeypatch.setattr(primal_layer_module, "use_rotated", lambda *a, **k: request.param == "rotated")
     return request.param
 
 
@@ -92,7 +92,7 @@ def test_matches_reference_options(opts, scores_path):
 def test_rotated_matches_reference_below_head_width(causal, padding, s, monkeypatch):
     # s < head width: the rotated basis has a complement (k = s < p = 4) whose zero-valued rows carry gradient.
     # Sample 0 has one real token and sample 1 none, so their data-dependent W_e, W_r are rank 1 and 0.
-    monkeypatch.setattr(primal_layer_module, "use_rotated", lambda *a: True)
+    monkeypatch.setattr(primal_layer_module, "use_rotated", lambda *a, **k: True)
     mask = _mask()
     mask[0, 1:] = False
     mask[1] = False

@@ -45,7 +45,7 @@ def test_compiled_core_matches_reference_float64(case):
 def test_compiled_rotated_core_matches_reference_float64(causal, monkeypatch):
     # the rotated evaluation (chosen for long sequences) compiled, with a complement (s = 2 < head width 4) and,
     # non-causal, rank-1 and rank-0 data-dependent weights (one real token, none)
-    monkeypatch.setattr(primal_mod, "use_rotated", lambda *a: True)
+    monkeypatch.setattr(primal_mod, "use_rotated", lambda *a, **k: True)
     mask = _mask()
     mask[0, 1:] = False
     mask[1] = False
@@ -138,3 +138,26 @@ def test_compile_option_is_validated():
     with pytest.raises(TypeError, match="compile"):
         pd.build_attention("primal", DIM, H, compile="true")
     assert "compile=True" in repr(pd.build_attention("primal", DIM, H, compile=True))
+
+
+def test_the_first_call_check_compares_the_path_the_compiled_graph_takes(monkeypatch):
+    # From 1,024 tokens per sample a compiled graph takes the rotated evaluation and eager code the folded one until
+    # 2,048: the check must compare like with like, or low-precision rounding of two different evaluations would
+    # turn a correct compilation into a fallback
+    seen = []
+    core = PrimalAttention._core
+
+    def spy(self, x, mask, p, ksvd, as_compiled=None):
+        seen.append(as_compiled)
+        return core(self, x, mask, p, ksvd, as_compiled)
+
+    monkeypatch.setattr(PrimalAttention, "_core", spy)
+    # a stand-in for the compiled region that evaluates as a compiled graph would
+    monkeypatch.setattr(primal_mod, "_compiled_core", lambda: lambda self, *a: core(self, *a, as_compiled=True))
+    layer = pd.build_attention("primal", 16, 2, s=4, compile=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        layer(torch.randn(1, 1100, 16))
+    assert layer._compile_state == "ok"
+    assert seen == [True]  # the eager check ran once, on the rotated evaluation (1,100 tokens: eager alone folds)
+    assert primal_mod.use_rotated(1, 1100, True, compiled=True) and not primal_mod.use_rotated(1, 1100, True, compiled=False)
