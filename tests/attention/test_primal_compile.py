@@ -160,4 +160,5 @@ def test_the_first_call_check_compares_the_path_the_compiled_graph_takes(monkeyp
         layer(torch.randn(1, 1100, 16))
     assert layer._compile_state == "ok"
     assert seen == [True]  # the eager check ran once, on the rotated evaluation (1,100 tokens: eager alone folds)
-    assert primal_mod.use_rotated(1, 1100, True, compiled=True) and not primal_mod.use_rotated(1, 1100, True, compiled=False)
+    assert primal_mod.use_rotated(1, 1100, True, compiled=True)
+    assert not primal_mod.use_rotated(1, 1100, True, compiled=False)
