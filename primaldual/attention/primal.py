@@ -351,7 +351,7 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         exact_mask = mask if self.padding == "exact" else None
         src = causal_prefix_mean(x, exact_mask) if self.causal else x  # (B, N, C)
         w = self._weights(x, mask, p)
-        if use_rotated(B, N, self.data_dependent, compiled=as_compiled):
+        if use_rotated(B, N, self.data_dependent, compiled=as_compiled, device_type=x.device.type):
             weight, bias = self._fused_output(p)
             out, energy = primal_output_rotated(
                 src, p["qk_w"], p["qk_b"], w, weight, bias, p["lam"], exact_mask, self.eps

@@ -50,11 +50,17 @@ MIN_TOKENS_EAGER = 2048
 MIN_ROWS_SHARED = 1024
 
 
-def use_rotated(batch: int, tokens: int, data_dependent: bool, compiled: bool | None = None) -> bool:
+def use_rotated(
+    batch: int, tokens: int, data_dependent: bool, compiled: bool | None = None, device_type: str = "cpu"
+) -> bool:
     """Whether :func:`primal_output_rotated` is the cheaper evaluation for this shape (see the module docstring).
 
     ``compiled`` (default: whether a ``torch.compile`` trace is running) selects the compiled or eager threshold.
+    CPU only: on CUDA ``torch.linalg.eigh`` synchronises the device with the host (it checks LAPACK's error codes),
+    which the layer's forward must not do (CUDA graphs, ``fullgraph=True``), and the thresholds were measured on CPUs.
     """
+    if device_type != "cpu":
+        return False
     if compiled is None:
         compiled = torch.compiler.is_compiling()
     if data_dependent:

@@ -134,6 +134,9 @@ def test_choice_by_length():
     assert use_rotated(4, 2048, data_dependent=True, compiled=False)
     assert use_rotated(16, 128, data_dependent=False)
     assert not use_rotated(1, 16, data_dependent=False)
+    # CPU only: on CUDA the eigendecomposition synchronises with the host, which a layer forward must not do
+    assert not use_rotated(4, 4096, data_dependent=True, device_type="cuda")
+    assert not use_rotated(16, 128, data_dependent=False, device_type="cuda")
 
 
 def test_bad_shapes_are_named():
