@@ -78,15 +78,22 @@ def rotated_basis(w: Tensor, lam: Tensor) -> Tensor:
     Returns:
         ``(..., 2, H, p, p)`` orthogonal, in ``w``'s dtype: columns ``:k`` span ``range(W)`` and diagonalise
         ``R diag(lam^2) R^T``; QR and eigendecomposition run in float32 at least (half has no kernels).
+
+    A group whose ``W`` or energy matrix is not finite (NaN / Inf weights or sampled tokens) gets the identity
+    instead: LAPACK's eigensolver would raise on it, while the layer's outputs for that group are NaN / Inf through
+    ``M = T^T W`` whatever ``T`` is, as on the score paths. No host synchronisation (``torch.where``).
     """
     p, s = w.shape[-2:]
     k = min(p, s)
     with torch.no_grad():
         work = torch.promote_types(w.dtype, torch.float32)
         wd = w.detach().to(work)
+        wd = torch.where(wd.isfinite().all((-2, -1), keepdim=True), wd, 0.0)  # (..., 2, H, p, s)
         t = torch.linalg.qr(wd, mode="complete").Q  # (..., 2, H, p, p)
         r = t[..., :k].transpose(-1, -2) @ wd  # (..., 2, H, k, s)
         a = (r * lam.detach().to(work).square()[:, None, :]) @ r.transpose(-1, -2)  # (..., 2, H, k, k)
+        eye = torch.eye(k, dtype=work, device=w.device)
+        a = torch.where(a.isfinite().all((-2, -1), keepdim=True), a, eye)  # (..., 2, H, k, k)
         v = torch.linalg.eigh(a).eigenvectors  # (..., 2, H, k, k)
         return torch.cat((t[..., :k] @ v, t[..., k:]), -1).to(w.dtype)  # (..., 2, H, p, p)
 

@@ -149,3 +149,25 @@ def test_bad_shapes_are_named():
         primal_output_rotated(x, qk_w, qk_b, w[:1], out_w, out_b, lam, mask)
     with pytest.raises(ValueError, match=r"x must be \(B, N, C\)"):
         primal_output_rotated(x[0], qk_w, qk_b, w, out_w, out_b, lam, mask)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_weights_give_non_finite_outputs_not_a_solver_error(bad):
+    # a diverged run (NaN / Inf weights or activations) must surface as NaN / Inf outputs, as on the score paths,
+    # not as LAPACK's "failed to converge" from the eigendecomposition; the other samples stay finite
+    torch.manual_seed(0)
+    B, N, C, H, p, s = 3, 16, 8, 2, 4, 3
+    x = torch.randn(B, N, C)
+    w = torch.randn(B, 2, H, p, s)
+    w[1, 0, 1, 2, 0] = bad
+    t = rotated_basis(w, torch.rand(H, s))
+    assert torch.isfinite(t).all()
+    out, energy = primal_output_rotated(
+        x, torch.randn(2 * H * p, C), torch.randn(2 * H * p), w, torch.randn(C, H * 2 * s), None, torch.rand(H, s)
+    )
+    assert not torch.isfinite(out[1]).all() and not torch.isfinite(energy[1]).all()
+    assert torch.isfinite(out[[0, 2]]).all() and torch.isfinite(energy[[0, 2]]).all()
+    lam = torch.rand(H, s)
+    lam[0, 1] = bad
+    t = rotated_basis(torch.randn(B, 2, H, p, s), lam)  # a non-finite Lambda reaches the energy matrix only
+    assert torch.isfinite(t).all()
