@@ -333,28 +333,36 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
             weights = primal_kernel(phi[0], phi[1], mask, self.causal)
         return self.proj_drop(out), weights
 
+    def _rotated(self, x: Tensor, p: dict[str, Tensor | None], compiled: bool | None = None) -> bool:
+        """Whether the core evaluates in the rotated basis (:func:`~primaldual.functional.primal_rotated.use_rotated`:
+        by length, device, compiled or not (default: whether a trace is running) and whether a backward follows)."""
+        backward = torch.is_grad_enabled() and (
+            x.requires_grad or any(v is not None and v.requires_grad for v in p.values())
+        )
+        B, N, _ = x.shape
+        return use_rotated(B, N, self.data_dependent, compiled, x.device.type, backward)
+
     def _core(
         self,
         x: Tensor,
         mask: Tensor | None,
         p: dict[str, Tensor | None],
         ksvd: bool,
-        as_compiled: bool | None = None,
+        rotated: bool | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Input ``(B, N, C)`` -> output ``(B, N, C)`` (before dropout) and the KSVD term (None if not ``ksvd``).
 
         A pure function of its arguments and the layer's options (no recording, no hooks): the region that
-        ``compile=True`` compiles. ``as_compiled`` picks the evaluation a compiled graph would pick (see
-        :func:`~primaldual.functional.primal_rotated.use_rotated`; default: whether a trace is running), so that
-        the eager check of a compiled core compares the same arithmetic."""
+        ``compile=True`` compiles. ``rotated`` overrides the choice of :meth:`_rotated`, so that the eager check of a
+        compiled core (run without gradients) evaluates as the compiled graph did."""
         B, N, _ = x.shape
         exact_mask = mask if self.padding == "exact" else None
         src = causal_prefix_mean(x, exact_mask) if self.causal else x  # (B, N, C)
         w = self._weights(x, mask, p)
-        if use_rotated(B, N, self.data_dependent, compiled=as_compiled, device_type=x.device.type):
+        if self._rotated(x, p) if rotated is None else rotated:
             weight, bias = self._fused_output(p)
             out, energy = primal_output_rotated(
-                src, p["qk_w"], p["qk_b"], w, weight, bias, p["lam"], exact_mask, self.eps
+                src, p["qk_w"], p["qk_b"], w, weight, bias, p["lam"], exact_mask, self.eps, with_energy=ksvd
             )
             term = None
             if ksvd:
@@ -381,8 +389,9 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
             return self._compile_fallback(
                 f"compilation failed ({type(err).__name__}: {str(err).splitlines()[0]})", x, mask, p, ksvd
             )
+        rotated = self._rotated(x, p, compiled=True)  # the compiled graph's choice, taken before no_grad changes it
         with torch.no_grad():
-            ref_out, ref_term = self._core(x, mask, p, ksvd, as_compiled=True)
+            ref_out, ref_term = self._core(x, mask, p, ksvd, rotated=rotated)
         bad = _disagreement(out.detach(), ref_out) or (None if term is None else _disagreement(term.detach(), ref_term))
         if bad:
             return self._compile_fallback(f"the compiled core disagrees with eager ({bad})", x, mask, p, ksvd)

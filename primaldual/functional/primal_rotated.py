@@ -48,21 +48,36 @@ MIN_TOKENS_COMPILED = 1024
 MIN_TOKENS_EAGER = 2048
 # data-independent weights (the causal layer) pay one decomposition per group per call, whatever the batch
 MIN_ROWS_SHARED = 1024
+# forward only (no backward to follow, no energies): the saving is in the gradient GEMMs, so without a backward the
+# rotated path pays its decompositions and extra passes for little. Measured forward under no_grad as above, rotated
+# vs folded: eager 0.94x at 16,384 tokens and 0.78x at 65,536 (never taken); compiled 0.80x at 2,048, level at 4,096
+# (0.98-1.10x) and 8,192 (1.02x), 1.43x faster at 16,384. The causal layer's shared weights: 0.55-0.91x eager,
+# 0.88-0.96x compiled at 1,024 and 4,096 tokens (never taken).
+MIN_TOKENS_FORWARD_COMPILED = 16384
 
 
 def use_rotated(
-    batch: int, tokens: int, data_dependent: bool, compiled: bool | None = None, device_type: str = "cpu"
+    batch: int,
+    tokens: int,
+    data_dependent: bool,
+    compiled: bool | None = None,
+    device_type: str = "cpu",
+    backward: bool = True,
 ) -> bool:
     """Whether :func:`primal_output_rotated` is the cheaper evaluation for this shape (see the module docstring).
 
-    ``compiled`` (default: whether a ``torch.compile`` trace is running) selects the compiled or eager threshold.
-    CPU only: on CUDA ``torch.linalg.eigh`` synchronises the device with the host (it checks LAPACK's error codes),
-    which the layer's forward must not do (CUDA graphs, ``fullgraph=True``), and the thresholds were measured on CPUs.
+    ``compiled`` (default: whether a ``torch.compile`` trace is running) selects the compiled or eager threshold;
+    ``backward``: whether a backward pass will follow (inference takes the rotated path only compiled, from
+    16,384 tokens per sample). CPU only: on CUDA ``torch.linalg.eigh`` synchronises the device with the host (it
+    checks LAPACK's error codes), which the layer's forward must not do (CUDA graphs, ``fullgraph=True``), and the
+    thresholds were measured on CPUs.
     """
     if device_type != "cpu":
         return False
     if compiled is None:
         compiled = torch.compiler.is_compiling()
+    if not backward:
+        return data_dependent and compiled and tokens >= MIN_TOKENS_FORWARD_COMPILED
     if data_dependent:
         return tokens >= (MIN_TOKENS_COMPILED if compiled else MIN_TOKENS_EAGER)
     return batch * tokens >= MIN_ROWS_SHARED
@@ -185,7 +200,8 @@ def primal_output_rotated(
     lam: Tensor,
     mask: Tensor | None = None,
     eps: float = 1e-12,
-) -> tuple[Tensor, Tensor]:
+    with_energy: bool = True,
+) -> tuple[Tensor, Tensor | None]:
     """The layer's output map of the scores and the KSVD energies, from the layer input (module docstring).
 
     Args:
@@ -197,11 +213,12 @@ def primal_output_rotated(
         lam: ``(H, s)``.
         mask: ``(B, N)`` bool, True = counted in the energies, or None (all count). The output is not masked.
         eps: zero-norm guard: ``phi(q) = q / max(||q||, eps)`` (``eps^2`` floored at the dtype's smallest normal).
+        with_energy: compute the energies (False: the second result is None, e.g. when no KSVD term is recorded).
 
     Returns:
         ``(out, energy)``: out ``(B, N, C)`` equals ``scores @ out_weight^T + out_bias`` of
         :func:`~primaldual.functional.primal.primal_scores_from_input`; energy ``(B, 2H)`` is
-        ``sum_t m_t ||lam_h * score_{t,g}||^2`` for group ``g = t H + h`` (t = 0 queries/e, 1 keys/r).
+        ``sum_t m_t ||lam_h * score_{t,g}||^2`` for group ``g = t H + h`` (t = 0 queries/e, 1 keys/r), or None.
     """
     if x.dim() != 3 or w.dim() not in (4, 5) or w.shape[-4] != 2:
         raise ValueError(
@@ -252,5 +269,7 @@ def primal_output_rotated(
     f_z = (m_z @ o).reshape(*lead, G * (p - k), C)  # (..., G*(p-k), C): zero in value
     out = _RangeMap.apply(y.view(B, N, G * k), z.view(B, N, G * (p - k)), f_y, f_z, out_bias)  # (B, N, C)
     lam2 = lam.square().repeat(2, 1)  # (G, s): lam_h for both groups of head h
+    if not with_energy:
+        return out, None
     energy = _RangeEnergy.apply(y, z, m_y, m_z, lam2, None if mask is None else mask.to(x.dtype))
     return out, energy

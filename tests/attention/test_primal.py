@@ -110,6 +110,29 @@ def test_rotated_choice_by_length():
     assert use_rotated(16, 128, data_dependent=False)  # one decomposition per group for the whole batch
 
 
+def test_rotated_only_when_a_backward_follows(monkeypatch):
+    # the rotated evaluation saves gradient GEMMs; inference (no_grad) at the LRA shape keeps the folded scores
+    import primaldual.functional.primal_rotated as rotated_module
+
+    calls = []
+    real = rotated_module.primal_output_rotated
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("with_energy"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(primal_layer_module, "primal_output_rotated", spy)
+    layer = pd.build_attention("primal", 16, 2, s=4)
+    x = torch.randn(1, 2048, 16)
+    with torch.no_grad():
+        ref = layer(x)
+    assert calls == []
+    out = layer(x)  # parameters require gradients: the rotated evaluation, with the energies for the KSVD term
+    assert calls == [True]
+    assert torch.allclose(out, ref, rtol=1e-4, atol=1e-5)
+    layer.pop_aux_losses()
+
+
 def test_fold_choice_by_cost():
     # two heads and long sequences (the LRA models) fold; many heads or short sequences multiply per head
     assert primal_functional.fold_scores(4, 4096, 64, 2, 20)

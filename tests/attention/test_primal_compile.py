@@ -141,24 +141,29 @@ def test_compile_option_is_validated():
 
 
 def test_the_first_call_check_compares_the_path_the_compiled_graph_takes(monkeypatch):
-    # From 1,024 tokens per sample a compiled graph takes the rotated evaluation and eager code the folded one until
-    # 2,048: the check must compare like with like, or low-precision rounding of two different evaluations would
-    # turn a correct compilation into a fallback
+    # From 1,024 tokens per sample a compiled graph with a backward to follow takes the rotated evaluation, eager code
+    # the folded one until 2,048, and code without gradients (the check runs under no_grad) the folded one: the check
+    # must compare like with like, or low-precision rounding of two evaluations would turn a correct compilation into
+    # a fallback
     seen = []
     core = PrimalAttention._core
 
-    def spy(self, x, mask, p, ksvd, as_compiled=None):
-        seen.append(as_compiled)
-        return core(self, x, mask, p, ksvd, as_compiled)
+    def spy(self, x, mask, p, ksvd, rotated=None):
+        seen.append(rotated)
+        return core(self, x, mask, p, ksvd, rotated)
 
     monkeypatch.setattr(PrimalAttention, "_core", spy)
     # a stand-in for the compiled region that evaluates as a compiled graph would
-    monkeypatch.setattr(primal_mod, "_compiled_core", lambda: lambda self, *a: core(self, *a, as_compiled=True))
+    monkeypatch.setattr(
+        primal_mod, "_compiled_core", lambda: lambda self, x, m, p, k: core(self, x, m, p, k, self._rotated(x, p, True))
+    )
     layer = pd.build_attention("primal", 16, 2, s=4, compile=True)
+    x = torch.randn(1, 1100, 16, requires_grad=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        layer(torch.randn(1, 1100, 16))
+        layer(x)
     assert layer._compile_state == "ok"
     assert seen == [True]  # the eager check ran once, on the rotated evaluation (1,100 tokens: eager alone folds)
     assert primal_mod.use_rotated(1, 1100, True, compiled=True)
     assert not primal_mod.use_rotated(1, 1100, True, compiled=False)
+    assert not primal_mod.use_rotated(1, 1100, True, compiled=True, backward=False)

@@ -134,6 +134,11 @@ def test_choice_by_length():
     assert use_rotated(4, 2048, data_dependent=True, compiled=False)
     assert use_rotated(16, 128, data_dependent=False)
     assert not use_rotated(1, 16, data_dependent=False)
+    # without a backward to follow: eager never, compiled from 16,384 tokens per sample, shared weights never
+    assert not use_rotated(4, 65536, data_dependent=True, compiled=False, backward=False)
+    assert not use_rotated(4, 8192, data_dependent=True, compiled=True, backward=False)
+    assert use_rotated(4, 16384, data_dependent=True, compiled=True, backward=False)
+    assert not use_rotated(16, 4096, data_dependent=False, compiled=True, backward=False)
     # CPU only: on CUDA the eigendecomposition synchronises with the host, which a layer forward must not do
     assert not use_rotated(4, 4096, data_dependent=True, device_type="cuda")
     assert not use_rotated(16, 128, data_dependent=False, device_type="cuda")
@@ -171,3 +176,14 @@ def test_non_finite_weights_give_non_finite_outputs_not_a_solver_error(bad):
     lam[0, 1] = bad
     t = rotated_basis(torch.randn(B, 2, H, p, s), lam)  # a non-finite Lambda reaches the energy matrix only
     assert torch.isfinite(t).all()
+
+
+def test_without_energy_the_output_is_the_same_and_no_energy_is_returned():
+    torch.manual_seed(0)
+    B, N, C, H, p, s = 2, 9, 8, 2, 4, 3
+    args = (torch.randn(B, N, C), torch.randn(2 * H * p, C), torch.randn(2 * H * p), torch.randn(B, 2, H, p, s))
+    rest = (torch.randn(C, H * 2 * s), torch.randn(C), torch.rand(H, s))
+    out, energy = primal_output_rotated(*args, *rest)
+    out2, none = primal_output_rotated(*args, *rest, with_energy=False)
+    assert none is None and energy.shape == (B, 2 * H)
+    assert torch.equal(out, out2)
