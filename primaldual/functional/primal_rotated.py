@@ -26,7 +26,8 @@ gradient and the energies' Gram), against ``3 C 2H s`` more for the folded score
 
 Each call pays a QR and an eigendecomposition per group and sample (tens of microseconds on a CPU), so
 :func:`use_rotated` keeps short sequences with data-dependent weights on the score paths of
-:mod:`primaldual.functional.primal`.
+:mod:`primaldual.functional.primal`, and so do forwards with no backward to follow (the saving is in the gradient's
+GEMMs) and CUDA devices (where the eigendecomposition synchronises with the host).
 
 Hand-written: the rotation and its gradients are this library's own derivation; the tensor work is plain torch.
 """
@@ -42,8 +43,8 @@ __all__ = ["primal_output_rotated", "rotated_basis", "use_rotated"]
 # tokens per sample from which data-dependent weights take the rotated path, compiled / eager: below it the
 # per-sample QR and eigendecomposition and the rotated path's extra small ops cost more than the GEMM work they save.
 # Measured forward+backward, B = 4, width 64, 2 heads, s = 20, 2 CPU threads, against the folded scores: compiled
-# 0.94x at 512 tokens, 1.1x faster at 1,024 and 2,048, 1.06x at 4,096; eager 0.82x at 512, 0.93x at 1,024, 1.04x at 2,048, 1.11x at 4,096
-# (eager, element-wise steps are separate passes and the rotated path has more of them).
+# 0.94x at 512 tokens, 1.1x faster at 1,024 and 2,048, 1.06x at 4,096; eager 0.82x at 512, 0.93x at 1,024, 1.04x
+# at 2,048, 1.11x at 4,096 (eager, element-wise steps are separate passes and the rotated path has more of them).
 MIN_TOKENS_COMPILED = 1024
 MIN_TOKENS_EAGER = 2048
 # data-independent weights (the causal layer) pay one decomposition per group per call, whatever the batch
@@ -268,8 +269,8 @@ def primal_output_rotated(
     f_y = (m_y @ o).reshape(*lead, G * k, C)  # (..., G*k, C)
     f_z = (m_z @ o).reshape(*lead, G * (p - k), C)  # (..., G*(p-k), C): zero in value
     out = _RangeMap.apply(y.view(B, N, G * k), z.view(B, N, G * (p - k)), f_y, f_z, out_bias)  # (B, N, C)
-    lam2 = lam.square().repeat(2, 1)  # (G, s): lam_h for both groups of head h
     if not with_energy:
         return out, None
+    lam2 = lam.square().repeat(2, 1)  # (G, s): lam_h for both groups of head h
     energy = _RangeEnergy.apply(y, z, m_y, m_z, lam2, None if mask is None else mask.to(x.dtype))
     return out, energy
