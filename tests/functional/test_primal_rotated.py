@@ -74,6 +74,36 @@ def test_equals_score_path_forward_and_gradients(case, data_dependent, bias, mas
         assert rel_err(a, b) < 1e-10
 
 
+@pytest.mark.parametrize("masked", [True, False])
+@pytest.mark.parametrize("data_dependent", [True, False])
+@pytest.mark.parametrize("part", ["output", "energy", "output_without_energy"])
+def test_gradients_of_the_output_alone_and_of_the_energies_alone(part, data_dependent, masked):
+    """Each backward branch on its own: only the output or only the energies reach the loss, or no energies at all."""
+    B, N, H, p, s, rank = CASES["complement"]
+    args = _inputs(B, N, H, p, s, data_dependent, True, rank, seed=3)
+    if not masked:
+        args[-1] = None
+    for a in args[:-1]:
+        a.requires_grad_()
+    params = args[:-1]
+    out, energy = primal_output_rotated(*args, with_energy=part != "output_without_energy")
+    out_r, energy_r = _score_path(*args)
+    if part == "energy":
+        got, want = energy, energy_r
+    else:
+        got, want = out, out_r
+        if part == "output_without_energy":
+            assert energy is None
+    weight = torch.randn_like(got)
+    g_got = torch.autograd.grad((got * weight).sum(), params, allow_unused=True)
+    g_want = torch.autograd.grad((want * weight).sum(), params, allow_unused=True)
+    for param, a, b in zip(params, g_got, g_want):
+        # a parameter the loss does not reach (lam for the output alone) may be None on either side
+        a = torch.zeros_like(param) if a is None else a
+        b = torch.zeros_like(param) if b is None else b
+        assert rel_err(a, b) < 1e-10 or (a.abs().max() < 1e-12 and b.abs().max() < 1e-12)
+
+
 @pytest.mark.parametrize("case", ["complement", "wide", "rank1", "rank0"])
 def test_basis_is_orthogonal_spans_w_and_diagonalises_the_energy(case):
     B, _, H, p, s, rank = CASES[case]
