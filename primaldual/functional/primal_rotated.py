@@ -84,12 +84,13 @@ def use_rotated(
     return batch * tokens >= MIN_ROWS_SHARED
 
 
-def rotated_basis(w: Tensor, lam: Tensor) -> Tensor:
+def rotated_basis(w: Tensor, lam: Tensor | None) -> Tensor:
     """The orthogonal bases ``T`` of the module docstring, without gradient.
 
     Args:
         w: ``(B, 2, H, p, s)`` data-dependent or ``(2, H, p, s)`` ``stack(W_e, W_r)``.
-        lam: ``(H, s)``.
+        lam: ``(H, s)``, or None when no energies are computed: then the columns ``:k`` are the QR's, spanning
+            ``range(W)`` without diagonalising anything (no eigendecomposition).
 
     Returns:
         ``(..., 2, H, p, p)`` orthogonal, in ``w``'s dtype: columns ``:k`` span ``range(W)`` and diagonalise
@@ -106,6 +107,8 @@ def rotated_basis(w: Tensor, lam: Tensor) -> Tensor:
         wd = w.detach().to(work)
         wd = torch.where(wd.isfinite().all((-2, -1), keepdim=True), wd, 0.0)  # (..., 2, H, p, s)
         t = torch.linalg.qr(wd, mode="complete").Q  # (..., 2, H, p, p)
+        if lam is None:
+            return t.to(w.dtype)
         r = t[..., :k].transpose(-1, -2) @ wd  # (..., 2, H, k, s)
         a = (r * lam.detach().to(work).square()[:, None, :]) @ r.transpose(-1, -2)  # (..., 2, H, k, k)
         eye = torch.eye(k, dtype=work, device=w.device)
@@ -281,7 +284,7 @@ def primal_output_rotated(
             raise ValueError(
                 f"{name} must have shape {shape} for x {tuple(x.shape)} and w {tuple(w.shape)}, got {tuple(value.shape)}"
             )
-    t = rotated_basis(w, lam)  # (..., 2, H, p, p)
+    t = rotated_basis(w, lam if with_energy else None)  # (..., 2, H, p, p); diagonalised for the energies only
     m = (t.transpose(-1, -2) @ w).flatten(-4, -3)  # (..., G, p, s): R on rows :k, zero in value below
     lead = m.shape[:-3]  # (B,) or ()
     w_rot = (qk_weight.view(2, H, p, C).transpose(-1, -2) @ t).flatten(-4, -3)  # (..., G, C, p)
