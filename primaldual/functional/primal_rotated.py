@@ -24,7 +24,8 @@ than s, all-padding samples) differentiate as well as full-rank ones. Multiply-a
 backward: the floor's ``3 (C 2C + 2H s C)`` plus ``(p - k) C`` and ``G p k`` (the complement's output-map
 gradient and the energies' Gram), against ``3 C 2H s`` more for the folded scores.
 
-Each call pays a QR and an eigendecomposition per group and sample (tens of microseconds on a CPU), so
+Each call pays a QR and, when the energies are computed, an eigendecomposition per group and sample (tens of
+microseconds each on a CPU; without energies the QR's basis is enough), so
 :func:`use_rotated` keeps short sequences with data-dependent weights on the score paths of
 :mod:`primaldual.functional.primal`, and so do forwards with no backward to follow (the saving is in the gradient's
 GEMMs) and CUDA devices (where the eigendecomposition synchronises with the host).
