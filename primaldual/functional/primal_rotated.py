@@ -191,16 +191,17 @@ class _FeatureMap(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         ss = q_y.square().sum(-1, keepdim=True) + q_z.square().sum(-1, keepdim=True)  # (B, N, G, 1)
         inv = ss.clamp_min(eps2).rsqrt()  # (B, N, G, 1)
+        free = ss >= eps2  # (B, N, G, 1): the norm is not clamped
         y, z = q_y * inv, q_z * inv
         ctx.with_energy, ctx.shared = with_energy, m_y.dim() == 3
         if not with_energy:
-            ctx.save_for_backward(y, z, inv, ss >= eps2)
+            ctx.save_for_backward(y, z, inv, free)
             return y, z, q_y.new_zeros(())
         a = (m_y.square() * lam2[:, None, :]).sum(-1)  # ([B,] G, k): the diagonal of A
         per_token = (y.square() * a.unsqueeze(-3)).sum(-1, keepdim=True)  # (B, N, G, 1)
         if mask is not None:
             per_token = per_token * mask[:, :, None, None]
-        ctx.save_for_backward(y, z, inv, ss >= eps2, per_token, m_y, lam2, a, *(() if mask is None else (mask,)))
+        ctx.save_for_backward(y, z, inv, free, per_token, m_y, lam2, a, *(() if mask is None else (mask,)))
         return y, z, per_token.sum((1, 3))  # (B, G)
 
     @staticmethod
