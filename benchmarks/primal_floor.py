@@ -20,6 +20,12 @@ with jemalloc / tcmalloc preloaded), which times the arithmetic; the JSON record
 ``GLIBC_TUNABLES=glibc.malloc.trim_threshold=4294967295:glibc.malloc.mmap_threshold=33554432`` (nothing given
 back; blocks up to 32 MiB, glibc's most, from the heap instead of their own mmap).
 
+One process's verdict is not the machine's: the floor's own time moves more from process to process (the same
+command gave 2.6-4.4 ms at N = 1,024) than within one, while the layer's moves less, so the ratio of a single
+process can land on either side of a limit. ``--processes P`` runs the whole measurement in P fresh processes one
+after another (each its own interleaved rounds; environment variables such as ``GLIBC_TUNABLES`` pass to every
+one) and reports each process's ratios and their median.
+
 Run: ``python benchmarks/primal_floor.py --lengths 1024 4096 16384 --threads 2 --json runs/bench/floor.json``.
 """
 
@@ -33,6 +39,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -83,9 +90,10 @@ def build_cases(args: argparse.Namespace, n: int, baseline: Any | None) -> dict[
     cases = {"floor": make(projection_floor(args.dim, args.heads, s=args.s), None)}
     torch.manual_seed(0)
     cases["primal"] = make(pd.build_attention("primal", args.dim, args.heads, **opts), pd.collect_aux_loss)
-    torch.manual_seed(0)
-    compiled = pd.build_attention("primal", args.dim, args.heads, compile=True, **opts)
-    cases["primal_compiled"] = make(compiled, pd.collect_aux_loss)
+    if not args.skip_compiled:
+        torch.manual_seed(0)
+        compiled = pd.build_attention("primal", args.dim, args.heads, compile=True, **opts)
+        cases["primal_compiled"] = make(compiled, pd.collect_aux_loss)
     if baseline is not None:
         torch.manual_seed(0)
         layer = baseline.build_attention("primal", args.dim, args.heads, **opts)
@@ -101,6 +109,76 @@ def time_cases(cases: dict[str, Callable[[], None]], args: argparse.Namespace) -
     }
 
 
+def summarize(processes: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per length, every case's ratio to the floor (and the baseline's to every case) over processes.
+
+    Args:
+        processes: each process's ``rows`` (as written by one process's ``--json``), all over the same lengths.
+
+    Returns:
+        One row per length: ``{"N", "over_floor": {case: {"median", "min", "max", "per_process"}},
+        "baseline_over": ...}`` (``baseline_over`` only when the processes timed a baseline).
+    """
+    if not processes:
+        raise ValueError("summarize: no process results")
+    lengths = [row["N"] for row in processes[0]]
+    if any([row["N"] for row in rows] != lengths for rows in processes):
+        raise ValueError(f"summarize: the processes measured different lengths, expected {lengths} in each")
+
+    def spread(values: list[float]) -> dict[str, Any]:
+        return {"median": statistics.median(values), "min": min(values), "max": max(values), "per_process": values}
+
+    summary = []
+    for i, n in enumerate(lengths):
+        rows = [p[i] for p in processes]
+        out: dict[str, Any] = {"N": n}
+        for key in ("over_floor", "baseline_over"):
+            if key in rows[0]:
+                out[key] = {m: spread([r[key][m] for r in rows]) for m in rows[0][key]}
+        summary.append(out)
+    return summary
+
+
+def run_processes(args: argparse.Namespace) -> int:
+    """``--processes P``: the measurement in P fresh processes, one after another, then their summary."""
+    child = [sys.executable, str(Path(__file__).resolve()), "--lengths", *map(str, args.lengths)]
+    for flag in ("batch", "dim", "heads", "s", "warmup", "rounds", "calls", "threads"):
+        child += [f"--{flag}", str(getattr(args, flag))]
+    if args.baseline_tree:
+        child += ["--baseline-tree", str(args.baseline_tree)]
+    if args.skip_compiled:
+        child.append("--skip-compiled")
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.processes):
+            path = Path(tmp) / f"process{i}.json"
+            print(f"process {i + 1}/{args.processes}", flush=True)
+            done = subprocess.run([*child, "--json", str(path)], stdout=None, stderr=subprocess.PIPE, text=True)
+            if done.returncode != 0:
+                tail = "\n".join(done.stderr.strip().splitlines()[-15:])
+                raise RuntimeError(f"process {i + 1} of {args.processes} failed (exit {done.returncode}):\n{tail}")
+            results.append(json.loads(path.read_text()))
+    summary = summarize([r["rows"] for r in results])
+    for row in summary:
+        cells = "  ".join(
+            f"{m} {v['median']:.2f}x ({v['min']:.2f}-{v['max']:.2f})"
+            for m, v in row["over_floor"].items()
+            if m != "floor"
+        )
+        print(f"N={row['N']} over {args.processes} processes, median (min-max) of the ratio to the floor: {cells}")
+    if args.json:
+        meta = {**results[0]["meta"], "command": " ".join(sys.argv), "processes": args.processes}
+        _write_json(args.json, {"meta": meta, "summary": summary, "processes": results})
+    return 0
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
@@ -114,7 +192,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--baseline-tree", type=Path, default=None, help="source tree of an older primaldual to time too")
     ap.add_argument("--json", type=Path, default=None, help="write the figures to this file")
+    ap.add_argument("--processes", type=int, default=1, help="repeat the whole measurement in this many processes")
+    ap.add_argument("--skip-compiled", action="store_true", help="leave out the compiled layer (no C++ compiler)")
     args = ap.parse_args(argv)
+    for name in ("batch", "dim", "heads", "s", "rounds", "processes"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.warmup < 0 or args.calls < 0 or args.threads < 1 or min(args.lengths) < 1:
+        ap.error(
+            f"need --warmup >= 0, --calls >= 0, --threads >= 1 and --lengths >= 1; got {args.warmup}, {args.calls}, "
+            f"{args.threads}, {args.lengths}"
+        )
+    if args.baseline_tree is not None and not (args.baseline_tree / "primaldual" / "__init__.py").is_file():
+        ap.error(f"--baseline-tree: no primaldual/__init__.py under {args.baseline_tree}")
+    if args.processes > 1:
+        return run_processes(args)
     torch.set_num_threads(args.threads)
     pd.set_input_checks(False)
     baseline = load_tree(args.baseline_tree) if args.baseline_tree else None
@@ -156,10 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             "allocator_env": {k: os.environ[k] for k in ("GLIBC_TUNABLES", "LD_PRELOAD") if k in os.environ},
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.json.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-        tmp.replace(args.json)
+        _write_json(args.json, {"meta": meta, "rows": rows})
     return 0
 
 
