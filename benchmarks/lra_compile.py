@@ -15,7 +15,6 @@ Run: ``python benchmarks/lra_compile.py --threads 2 --json runs/bench/lra_compil
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import subprocess
@@ -28,6 +27,7 @@ import torch
 
 from primaldual.bench.interleave import time_interleaved
 from primaldual.bench.lra import PAPER, TASKS, build_case
+from primaldual.utils.io import atomic_write_json
 
 CASES = (("transformer", False), ("primalformer", False), ("transformer", True), ("primalformer", True))
 
@@ -99,10 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                 "command": " ".join(sys.argv),
                 "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             }
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            tmp = args.json.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-            tmp.replace(args.json)
+            atomic_write_json(args.json, {"meta": meta, "rows": rows})
     print(table(rows))
     return 0
 

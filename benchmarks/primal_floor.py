@@ -50,6 +50,7 @@ import torch
 import primaldual as pd
 from primaldual.bench.interleave import time_interleaved
 from primaldual.bench.layers import projection_floor
+from primaldual.utils.io import atomic_write_json
 
 
 def load_tree(tree: Path, name: str = "primaldual_baseline") -> Any:
@@ -168,15 +169,8 @@ def run_processes(args: argparse.Namespace) -> int:
         print(f"N={row['N']} over {args.processes} processes, median (min-max) of the ratio to the floor: {cells}")
     if args.json:
         meta = {**results[0]["meta"], "command": " ".join(sys.argv), "processes": args.processes}
-        _write_json(args.json, {"meta": meta, "summary": summary, "processes": results})
+        atomic_write_json(args.json, {"meta": meta, "summary": summary, "processes": results})
     return 0
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             "allocator_env": {k: os.environ[k] for k in ("GLIBC_TUNABLES", "LD_PRELOAD") if k in os.environ},
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         }
-        _write_json(args.json, {"meta": meta, "rows": rows})
+        atomic_write_json(args.json, {"meta": meta, "rows": rows})
     return 0
 
 
