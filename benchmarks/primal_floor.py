@@ -20,9 +20,9 @@ with jemalloc / tcmalloc preloaded), which times the arithmetic; the JSON record
 ``GLIBC_TUNABLES=glibc.malloc.trim_threshold=4294967295:glibc.malloc.mmap_threshold=33554432`` (nothing given
 back; blocks up to 32 MiB, glibc's most, from the heap instead of their own mmap).
 
-One process's verdict is not the machine's: the floor's own time moves more from process to process (the same
-command gave 2.6-4.4 ms at N = 1,024) than within one, while the layer's moves less, so the ratio of a single
-process can land on either side of a limit. ``--processes P`` runs the whole measurement in P fresh processes one
+One process's verdict is not the machine's: the floor's own time can move more from process to process than
+within one (2.6-4.4 ms at N = 1,024 on a 2-core CPU, the command unchanged), and the layer's moves less, so the
+ratio of a single process can land on either side of a limit. ``--processes P`` runs the whole measurement in P fresh processes one
 after another (each its own interleaved rounds; environment variables such as ``GLIBC_TUNABLES`` pass to every
 one) and reports each process's ratios and their median.
 
