@@ -22,9 +22,9 @@ back; blocks up to 32 MiB, glibc's most, from the heap instead of their own mmap
 
 One process's verdict is not the machine's: the floor's own time can move more from process to process than
 within one (2.6-4.4 ms at N = 1,024 on a 2-core CPU, the command unchanged), and the layer's moves less, so the
-ratio of a single process can land on either side of a limit. ``--processes P`` runs the whole measurement in P fresh processes one
-after another (each its own interleaved rounds; environment variables such as ``GLIBC_TUNABLES`` pass to every
-one) and reports each process's ratios and their median.
+ratio of a single process can land on either side of a limit. ``--processes P`` runs the whole measurement in P
+fresh processes one after another (each its own interleaved rounds; environment variables such as
+``GLIBC_TUNABLES`` pass to every one) and reports each process's ratios and their median.
 
 Run: ``python benchmarks/primal_floor.py --lengths 1024 4096 16384 --threads 2 --json runs/bench/floor.json``.
 """
@@ -53,11 +53,17 @@ from primaldual.bench.layers import projection_floor
 from primaldual.utils.io import atomic_write_json
 
 
-def load_tree(tree: Path, name: str = "primaldual_baseline") -> Any:
-    """Import the ``primaldual`` package of source tree ``tree`` as a separate package called ``name``."""
+def _package_init(tree: Path) -> Path:
+    """``tree``'s ``primaldual/__init__.py``, or FileNotFoundError naming ``--baseline-tree``."""
     init = tree / "primaldual" / "__init__.py"
     if not init.is_file():
         raise FileNotFoundError(f"--baseline-tree: no primaldual/__init__.py under {tree}")
+    return init
+
+
+def load_tree(tree: Path, name: str = "primaldual_baseline") -> Any:
+    """Import the ``primaldual`` package of source tree ``tree`` as a separate package called ``name``."""
+    init = _package_init(tree)
     spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[str(init.parent)])
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -191,14 +197,17 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     for name in ("batch", "dim", "heads", "s", "rounds", "processes"):
         if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+            ap.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     if args.warmup < 0 or args.calls < 0 or args.threads < 1 or min(args.lengths) < 1:
         ap.error(
             f"need --warmup >= 0, --calls >= 0, --threads >= 1 and --lengths >= 1; got {args.warmup}, {args.calls}, "
             f"{args.threads}, {args.lengths}"
         )
-    if args.baseline_tree is not None and not (args.baseline_tree / "primaldual" / "__init__.py").is_file():
-        ap.error(f"--baseline-tree: no primaldual/__init__.py under {args.baseline_tree}")
+    if args.baseline_tree is not None:
+        try:  # checked here too, so that --processes fails before its first process
+            _package_init(args.baseline_tree)
+        except FileNotFoundError as err:
+            ap.error(str(err))
     if args.processes > 1:
         return run_processes(args)
     torch.set_num_threads(args.threads)
