@@ -43,13 +43,18 @@ __all__ = ["primal_output_rotated", "rotated_basis", "use_rotated"]
 
 # tokens per sample from which data-dependent weights take the rotated path, compiled / eager: below it the
 # per-sample QR and eigendecomposition and the rotated path's extra small ops cost more than the GEMM work they save.
-# Measured forward+backward, B = 4, width 64, 2 heads, s = 20, 2 CPU threads, against the folded scores: compiled
-# 0.94x at 512 tokens, 1.1x faster at 1,024 and 2,048, 1.06x at 4,096; eager 0.82x at 512, 0.93x at 1,024, 1.04x
-# at 2,048, 1.11x at 4,096 (eager, element-wise steps are separate passes and the rotated path has more of them).
-MIN_TOKENS_COMPILED = 1024
+# Measured forward+backward, B = 4, width 64, 2 heads, s = 20, 2 CPU threads, interleaved in one process against the
+# folded scores: compiled 0.90x at 1,024 tokens (0.98x on one thread: the decompositions run on one core however
+# many there are, so the more cores, the later the crossover), 0.99x at 2,048, 1.03-1.18x faster at 2,560,
+# 1.04-1.08x at 3,072 and 1.09x at 4,096; eager 1.00x at 1,024, 1.02-1.04x at 2,048 and 1.09x at 4,096.
+MIN_TOKENS_COMPILED = 2560
 MIN_TOKENS_EAGER = 2048
-# data-independent weights (the causal layer) pay one decomposition per group per call, whatever the batch
-MIN_ROWS_SHARED = 1024
+# data-independent weights (the causal layer) pay one decomposition per group per call whatever the batch, so the
+# choice goes by rows (batch x tokens). Measured as above, causal: compiled 0.83x at 1,024 rows, 0.92-1.00x at
+# 4,096, 0.95x at 8,192, 1.03x faster at 16,384; eager 0.74x at 1,024, 0.96-0.98x at 4,096, 1.03x at 8,192 and
+# 1.08x at 16,384.
+MIN_ROWS_SHARED_COMPILED = 16384
+MIN_ROWS_SHARED_EAGER = 8192
 # forward only (no backward to follow, no energies): the saving is in the gradient GEMMs, so without a backward the
 # rotated path pays its decompositions and extra passes for little. Measured forward under no_grad as above, rotated
 # vs folded: eager 0.94x at 16,384 tokens and 0.78x at 65,536 (never taken); compiled 0.80x at 2,048, level at 4,096
@@ -82,7 +87,7 @@ def use_rotated(
         return data_dependent and compiled and tokens >= MIN_TOKENS_FORWARD_COMPILED
     if data_dependent:
         return tokens >= (MIN_TOKENS_COMPILED if compiled else MIN_TOKENS_EAGER)
-    return batch * tokens >= MIN_ROWS_SHARED
+    return batch * tokens >= (MIN_ROWS_SHARED_COMPILED if compiled else MIN_ROWS_SHARED_EAGER)
 
 
 def rotated_basis(w: Tensor, lam: Tensor | None) -> Tensor:

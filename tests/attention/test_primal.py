@@ -105,9 +105,9 @@ def test_rotated_choice_by_length():
     from primaldual.functional.primal_rotated import use_rotated
 
     assert use_rotated(4, 4096, data_dependent=True)  # the LRA shapes
-    assert use_rotated(4, 1024, data_dependent=True, compiled=True)
+    assert not use_rotated(4, 1024, data_dependent=True, compiled=True)  # Image / Pathfinder: the folded scores
     assert not use_rotated(16, 29, data_dependent=True, compiled=True)  # JapaneseVowels: decompositions cost more
-    assert use_rotated(16, 128, data_dependent=False)  # one decomposition per group for the whole batch
+    assert use_rotated(4, 4096, data_dependent=False)  # one decomposition per group for the whole batch
 
 
 def test_rotated_only_when_a_backward_follows(monkeypatch):

@@ -141,10 +141,9 @@ def test_compile_option_is_validated():
 
 
 def test_the_first_call_check_compares_the_path_the_compiled_graph_takes(monkeypatch):
-    # From 1,024 tokens per sample a compiled graph with a backward to follow takes the rotated evaluation, eager code
-    # the folded one until 2,048, and code without gradients (the check runs under no_grad) the folded one: the check
-    # must compare like with like, or low-precision rounding of two evaluations would turn a correct compilation into
-    # a fallback
+    # From 2,560 tokens per sample a compiled graph with a backward to follow takes the rotated evaluation, and code
+    # without gradients (the check runs under no_grad) the folded one: the check must compare like with like, or
+    # low-precision rounding of two evaluations would turn a correct compilation into a fallback
     seen = []
     core = PrimalAttention._core
 
@@ -158,12 +157,12 @@ def test_the_first_call_check_compares_the_path_the_compiled_graph_takes(monkeyp
         primal_mod, "_compiled_core", lambda: lambda self, x, m, p, k: core(self, x, m, p, k, self._rotated(x, p, True))
     )
     layer = pd.build_attention("primal", 16, 2, s=4, compile=True)
-    x = torch.randn(1, 1100, 16, requires_grad=True)
+    x = torch.randn(1, 2600, 16, requires_grad=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         layer(x)
     assert layer._compile_state == "ok"
-    assert seen == [True]  # the eager check ran once, on the rotated evaluation (1,100 tokens: eager alone folds)
-    assert primal_mod.use_rotated(1, 1100, True, compiled=True)
-    assert not primal_mod.use_rotated(1, 1100, True, compiled=False)
-    assert not primal_mod.use_rotated(1, 1100, True, compiled=True, backward=False)
+    assert seen == [True]  # the eager check ran once, on the rotated evaluation (without gradients it would fold)
+    assert primal_mod.use_rotated(1, 2600, True, compiled=True)
+    assert not primal_mod.use_rotated(1, 2600, True, compiled=True, backward=False)
+    assert not primal_mod.use_rotated(1, 2600, True, compiled=False, backward=False)

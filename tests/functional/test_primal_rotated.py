@@ -161,12 +161,17 @@ def test_low_precision_runs_and_stays_close(dtype):
 def test_choice_by_length():
     assert use_rotated(4, 4096, data_dependent=True)
     assert not use_rotated(64, 29, data_dependent=True)
-    assert use_rotated(4, 1024, data_dependent=True, compiled=True)  # compiled, from 1,024 tokens; eager from 2,048
+    assert not use_rotated(4, 1024, data_dependent=True, compiled=True)  # compiled, from 2,560 tokens; eager from 2,048
+    assert not use_rotated(4, 2048, data_dependent=True, compiled=True)
+    assert use_rotated(4, 2560, data_dependent=True, compiled=True)
     assert not use_rotated(4, 1024, data_dependent=True, compiled=False)
-    assert not use_rotated(4, 1024, data_dependent=True)  # eager here
     assert use_rotated(4, 2048, data_dependent=True, compiled=False)
-    assert use_rotated(16, 128, data_dependent=False)
-    assert not use_rotated(1, 16, data_dependent=False)
+    assert use_rotated(4, 2048, data_dependent=True)  # eager here
+    # shared weights (causal) by rows: compiled from 16,384, eager from 8,192
+    assert use_rotated(4, 4096, data_dependent=False, compiled=True)
+    assert not use_rotated(4, 2048, data_dependent=False, compiled=True)
+    assert use_rotated(4, 2048, data_dependent=False, compiled=False)
+    assert not use_rotated(16, 128, data_dependent=False)
     # without a backward to follow: eager never, compiled from 16,384 tokens per sample, shared weights never
     assert not use_rotated(4, 65536, data_dependent=True, compiled=False, backward=False)
     assert not use_rotated(4, 8192, data_dependent=True, compiled=True, backward=False)
@@ -174,7 +179,7 @@ def test_choice_by_length():
     assert not use_rotated(16, 4096, data_dependent=False, compiled=True, backward=False)
     # CPU only: on CUDA the eigendecomposition synchronises with the host, which a layer forward must not do
     assert not use_rotated(4, 4096, data_dependent=True, device_type="cuda")
-    assert not use_rotated(16, 128, data_dependent=False, device_type="cuda")
+    assert not use_rotated(4, 4096, data_dependent=False, device_type="cuda")
 
 
 def test_bad_shapes_are_named():
