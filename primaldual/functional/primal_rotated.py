@@ -47,6 +47,8 @@ __all__ = ["primal_output_rotated", "rotated_basis", "use_rotated"]
 # folded scores: compiled 0.90x at 1,024 tokens (0.98x on one thread: the decompositions run on one core however
 # many there are, so the more cores, the later the crossover), 0.99x at 2,048, 1.03-1.18x faster at 2,560,
 # 1.04-1.08x at 3,072 and 1.09x at 4,096; eager 1.00x at 1,024, 1.02-1.04x at 2,048 and 1.09x at 4,096.
+# These constants are read at every call: assign new values here to override them (a compiled layer recompiles);
+# benchmarks/rotated_crossover.py measures the crossover on the machine at hand.
 MIN_TOKENS_COMPILED = 2560
 MIN_TOKENS_EAGER = 2048
 # data-independent weights (the causal layer) pay one decomposition per group per call whatever the batch, so the
