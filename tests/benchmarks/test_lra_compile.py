@@ -2,29 +2,21 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2] / "benchmarks"
+from .scripts import load_script
+
 needs_cxx = pytest.mark.skipif(
     shutil.which("g++") is None and shutil.which("c++") is None, reason="no C++ compiler for Inductor"
 )
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @needs_cxx
 def test_lra_compile_times_four_cases_and_writes_json(tmp_path, capsys):
-    script = _load("lra_compile")
+    script = load_script("lra_compile")
     out = tmp_path / "lra.json"
     args = ["--tasks", "image", "--batch", "1", "--rounds", "2", "--steps", "1", "--warmup", "1", "--threads", "1"]
     assert script.main([*args, "--json", str(out)]) == 0
@@ -37,7 +29,7 @@ def test_lra_compile_times_four_cases_and_writes_json(tmp_path, capsys):
 
 @needs_cxx
 def test_dropout_sampler_times_every_case(capsys):
-    assert _load("dropout_sampler").main(["--rows", "64", "--calls", "2", "--warmup", "1", "--threads", "1"]) == 0
+    assert load_script("dropout_sampler").main(["--rows", "64", "--calls", "2", "--warmup", "1", "--threads", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [ln.split("  ")[0] for ln in lines[1:]] == [
         "matmul + relu only",

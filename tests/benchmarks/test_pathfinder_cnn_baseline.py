@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from primaldual.data.pathfinder import write_pathfinder
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "pathfinder_cnn_baseline.py"
+from .scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("pathfinder_cnn_baseline", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("pathfinder_cnn_baseline")
 
 
 def test_runs_and_writes_curve(script, tmp_path):

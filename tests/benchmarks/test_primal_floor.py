@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import sys
 from pathlib import Path
 
 import pytest
+
+from .scripts import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 needs_cxx = pytest.mark.skipif(
@@ -18,10 +19,7 @@ needs_cxx = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("primal_floor", REPO / "benchmarks" / "primal_floor.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("primal_floor")
 
 
 @pytest.fixture

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 import primaldual.attention.primal as primal_layer_module
 import primaldual.functional.primal_rotated as pr
 
-REPO = Path(__file__).resolve().parents[2]
+from .scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("rotated_crossover", REPO / "benchmarks" / "rotated_crossover.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("rotated_crossover")
 
 
 def _tiny(*extra: str) -> list[str]:

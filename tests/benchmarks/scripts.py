@@ -1,0 +1,17 @@
+"""The scripts of ``benchmarks/`` (not a package) imported by file for their tests."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def load_script(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` as a module called ``name``."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
