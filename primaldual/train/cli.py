@@ -42,11 +42,20 @@ def _common(p: argparse.ArgumentParser, evaluates: bool = False) -> None:
     default = f"the run's own config.yaml with --run-dir, else {DEFAULT_CONFIG}" if evaluates else f"{DEFAULT_CONFIG}"
     p.add_argument("--config", "-c", default=None, help=f"config file or name (default: {default})")
     p.add_argument("--run-dir", default=None, help="run directory (default runs/<task>/<dataset>/<name>-...)")
+    _config_dir(p)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument(
         "--print-config", action="store_true", help="print the resolved config (YAML) and exit without running"
     )
     p.set_defaults(accepts_overrides=True)
+
+
+def _config_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config-dir",
+        default=None,
+        help="a folder of your own configs, searched before ./configs and the configs shipped with primaldual",
+    )
 
 
 def _spec(args: argparse.Namespace) -> str:
@@ -71,7 +80,7 @@ def _spec(args: argparse.Namespace) -> str:
 def _load(args: argparse.Namespace):
     from .config import load_config
 
-    return load_config(_spec(args), getattr(args, "overrides", []))
+    return load_config(_spec(args), getattr(args, "overrides", []), args.config_dir)
 
 
 def _print_config(args: argparse.Namespace) -> int:
@@ -80,7 +89,7 @@ def _print_config(args: argparse.Namespace) -> int:
 
     cfg = _load(args)
     describe = getattr(config, "describe_config", None)
-    files = list(describe(_spec(args))) if describe is not None else []
+    files = list(describe(_spec(args), args.config_dir)) if describe is not None else []
     if files:
         print("# composed from (first to last):")
         for f in files:
@@ -129,6 +138,7 @@ def _cmd_seeds(args: argparse.Namespace) -> int:
         getattr(args, "overrides", []),
         base=args.base,
         jobs=args.jobs,
+        config_dir=args.config_dir,
         threads=args.threads,
     )
     table = format_table(summaries, "primaldual " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
@@ -159,10 +169,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_configs(args: argparse.Namespace) -> int:
-    from .config import config_dir, list_configs
+    from .config import list_configs, search_path
 
-    print(f"configs under {config_dir()}:")
-    for name in list_configs():
+    print(f"configs under {', '.join(map(str, search_path(args.config_dir)))} (first wins):")
+    for name in list_configs(config_dir=args.config_dir):
         print(f"  {name}")
     return 0
 
@@ -221,6 +231,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel")
     p.add_argument("--threads", type=int, default=None, help="torch threads per run")
     p.add_argument("--out", default=None, help="also write the Markdown table to this file")
+    _config_dir(p)
     p.set_defaults(func=_cmd_seeds, accepts_overrides=True)
     p = subparsers.add_parser(
         "configs",
@@ -228,6 +239,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=FORMATTER,
         epilog=examples("primaldual configs", "primaldual fit --config uea/JapaneseVowels/primalformer --print-config"),
     )
+    _config_dir(p)
     p.set_defaults(func=_cmd_configs)
     p = subparsers.add_parser(
         "generate",

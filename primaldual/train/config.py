@@ -35,9 +35,9 @@ key and lists the valid ones.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
+import os
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, make_dataclass
@@ -47,6 +47,8 @@ from typing import Any
 import yaml
 
 from ..data.augment import AugmentSettings
+from .compose import BUDGETS, MODELS, PLAN_KEYS, Composed, ComposeError, SearchPath, compose, lookup, not_found
+from .compose import TASKS as TASK_FOLDER
 
 __all__ = [
     "LM_DATASETS",
@@ -64,7 +66,7 @@ __all__ = [
     "TrainerConfig",
     "apply_overrides",
     "check_machine",
-    "config_dir",
+    "search_path",
     "describe_config",
     "dump_config",
     "find_config",
@@ -732,386 +734,56 @@ def _build(cls: type, values: dict[str, Any], where: str) -> Any:
     return cls(**kwargs)
 
 
-def config_dir() -> Path:
-    """The repository's ``configs/`` folder (next to the package in a source checkout), else ``./configs``."""
-    here = Path(__file__).resolve().parents[2] / "configs"
-    return here if here.is_dir() else Path.cwd() / "configs"
+def search_path(config_dir: str | os.PathLike | None = None) -> list[Path]:
+    """The folders config names are looked up in, first wins: ``config_dir``, ``./configs``, the shipped configs."""
+    return SearchPath(config_dir).roots
 
 
-# --- composition -------------------------------------------------------------------------------------------------
-
-_BASE, _TASKS, _MODELS, _BUDGETS = "_base.yaml", "_tasks", "_models", "_budgets"
-# a family may keep its (small) task or model fragments in one table, a mapping {name: fragment}, instead of a folder
-_TABLES = {_TASKS: "_tasks.yaml", _MODELS: "_models.yaml"}
-_MAPS = {"models": _MODELS, "budgets": _BUDGETS}  # task-file maps: values per model / per budget
-_PLAN_KEYS = ("plan", "primal_options", "base", "base_options", "primal_layers")
-_MISSING = "???"
-_REF = re.compile(r"\$\{(.*)\}")
-_REF_PATH = re.compile(r"[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*")
-
-
-@dataclass(frozen=True)
-class _Composed:
-    """A name with no file of its own: family base + task + model (+ budget overlay)."""
-
-    name: str
-    family: Path
-    task: str
-    model: str
-    budget: str | None
-
-    @property
-    def run_name(self) -> str:
-        # what the single-file configs were called: the model, suffixed with the budget
-        return self.model if self.budget is None else f"{self.model}_{self.budget}"
-
-    def source(self, folder: str, stem: str) -> Path:
-        """A part's own file (``_tasks/<task>.yaml``), or the family's table (``_tasks.yaml``) when it is an entry
-        there."""
-        own = self.family / folder / f"{stem}.yaml"
-        return own if own.is_file() or folder not in _TABLES else self.family / _TABLES[folder]
-
-    def label(self, folder: str, stem: str) -> str:
-        """A part as :func:`describe_config` names it: ``lra/_tasks/listops.yaml``, ``uea/_tasks.yaml (Heartbeat)``."""
-        path = self.source(folder, stem)
-        return f"{_show(path)} ({stem})" if path.name == _TABLES.get(folder) else _show(path)
-
-    @property
-    def task_file(self) -> Path:
-        """The task's own file, or the family's task table when the task is an entry there."""
-        return self.source(_TASKS, self.task)
-
-
-def _show(path: Path) -> str:
-    """A file as messages and :func:`describe_config` name it: relative to :func:`config_dir` when inside it."""
-    try:
-        return path.resolve().relative_to(config_dir().resolve()).as_posix()
-    except ValueError:
-        return str(path.resolve())
-
-
-def _is_fragment(path: Path) -> bool:
-    """A file under :func:`config_dir` with a ``_``-prefixed part (``_base.yaml``, ``_tasks/...``)."""
-    try:
-        rel = path.resolve().relative_to(config_dir().resolve())
-    except ValueError:
-        return False
-    return any(p.startswith("_") for p in rel.parts)
-
-
-def _stems(folder: Path) -> list[str]:
-    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
-
-
-def _table(family: Path, folder: str) -> dict[str, Any]:
-    """The family's table of ``folder``'s parts (``_tasks.yaml`` / ``_models.yaml``: ``{name: fragment}``), or
-    ``{}``. A name both in the table and a file of ``folder`` is an error: neither silently wins."""
-    if folder not in _TABLES or not (path := family / _TABLES[folder]).is_file():
-        return {}
-    table, kind = _read(path), folder[1:-1]  # _tasks -> task
-    for name, fragment in table.items():
-        if not isinstance(name, str) or name.startswith("_") or "/" in name:
-            raise ConfigError(f"{path}: {kind} names must be plain names, got {name!r}")
-        if not isinstance(fragment, dict):
-            raise ConfigError(f"{path}: {kind} {name!r}: expected a mapping, got {type(fragment).__name__}")
-        if (own := family / folder / f"{name}.yaml").is_file():
-            raise ConfigError(f"{path}: {kind} {name!r} is both an entry here and a file, {own}; keep one")
-    return table
-
-
-def _names(family: Path, folder: str) -> list[str]:
-    """Part names of a family (tasks, models or budgets): the files in ``folder`` and its table's entries."""
-    return sorted({*_stems(family / folder), *_table(family, folder)})
-
-
-def _families() -> list[Path]:
-    """Folders under :func:`config_dir` that hold a ``_base.yaml``."""
-    root = config_dir()
-    out = []
-    for base in root.rglob(_BASE):
-        rel = base.parent.relative_to(root)
-        if not any(p.startswith("_") for p in rel.parts):
-            out.append(base.parent)
-    return sorted(out)
-
-
-def _composed(name: str) -> _Composed | None:
-    """The composition of ``name`` (``<family>/<task>/[<budget>/]<model>``) when all its parts exist."""
-    parts = name.strip("/").split("/")
-    if any(not p or p.startswith("_") or p in (".", "..") for p in parts):
-        return None
-    root = config_dir()
-    for with_budget in (False, True):
-        n = 3 + with_budget
-        if len(parts) < n:
-            continue
-        family = root.joinpath(*parts[: len(parts) - n + 1])
-        task, model = parts[-n + 1], parts[-1]
-        budget = parts[-2] if with_budget else None
-        wanted = {_TASKS: task, _MODELS: model, **({_BUDGETS: budget} if budget is not None else {})}
-        if (family / _BASE).is_file() and all(stem in _names(family, f) for f, stem in wanted.items()):
-            return _Composed(name.strip("/"), family, task, model, budget)
-    return None
-
-
-def _not_found(spec: str) -> ConfigError:
-    hint = ""
-    parts = spec.strip("/").split("/")
-    for fam in _families():
-        rel = fam.relative_to(config_dir()).as_posix()
-        if spec.startswith(rel + "/") and len(parts) >= 3:
-            hint = (
-                f"; {rel}/<task>/[<budget>/]<model> is composed from tasks {_names(fam, _TASKS)}, "
-                f"models {_names(fam, _MODELS)}, budgets {_names(fam, _BUDGETS)}"
-            )
-    return ConfigError(
-        f"config {spec!r} not found (neither a file nor a name under {config_dir()}{hint}; see `primaldual configs`)"
-    )
-
-
-def _lookup(spec: str) -> Path | _Composed | None:
-    """A file (a path, or a name under :func:`config_dir`; fragments included) or a composed name."""
-    p = Path(spec).expanduser()
-    for cand in (p, config_dir() / spec, config_dir() / f"{spec}.yaml"):
-        if cand.is_file():
-            return cand
-    return _composed(spec)
-
-
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        values = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e}") from None
-    if values is None:
-        return {}
-    if not isinstance(values, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(values).__name__}")
-    return values
-
-
-def _task_file_family(path: Path) -> Path | None:
-    """The family of a task file (``<family>/_tasks/<task>.yaml`` or the task table), else None."""
-    if path.parent.name == _TASKS and (path.parent.parent / _BASE).is_file():
-        return path.parent.parent
-    if path.name == _TABLES[_TASKS] and (path.parent / _BASE).is_file():
-        return path.parent
-    return None
-
-
-def _check_layer(
-    values: dict[str, Any], path: Path, *, family: Path | None, entry: str = "", table_entry: bool = False
-) -> None:
-    """Unknown keys, wrong shapes and misplaced composition keys of one file (or one ``models:`` entry, or one
-    entry of a task or model table, which has no ``defaults``; a task entry may hold the per-model / per-budget
-    maps)."""
-    where = f"{path}: "
-    top = {f.name for f in fields(RunConfig)} | {"vars"}
-    if not entry:
-        top |= {"defaults"} | (set(_MAPS) if family is not None else set())
-    if table_entry:
-        top |= set(_MAPS)
-    if _is_fragment(path):
+def _check_layer(values: dict[str, Any], path: Path, maps: tuple[str, ...], fragment: bool, entry: str = "") -> None:
+    """Unknown keys, wrong shapes and misplaced composition keys of one file (``maps``: the per-model / per-budget
+    maps a task file may hold; checked again, entry by entry)."""
+    top = {f.name for f in fields(RunConfig)} | {"vars"} | ({"defaults", *maps} if not entry else set())
+    if fragment:
         top.discard("name")  # the run name comes from the config's own file or name, never from a fragment
     for key, value in values.items():
         full = f"{entry}{key}"
         if key not in top:
-            extra = " (a fragment cannot set the run name)" if key == "name" and _is_fragment(path) else ""
-            raise ConfigError(f"{where}unknown config key {full!r}{extra}; valid keys here: {sorted(top)}")
+            extra = " (a fragment cannot set the run name)" if key == "name" and fragment else ""
+            raise ConfigError(f"{path}: unknown config key {full!r}{extra}; valid keys here: {sorted(top)}")
         if key in _SECTIONS and value is not None:
             if not isinstance(value, dict):
-                raise ConfigError(f"{where}{full}: expected a mapping, got {type(value).__name__}")
-            valid = {f.name for f in fields(_SECTIONS[key])} | (set(_PLAN_KEYS) if key == "model" else set())
+                raise ConfigError(f"{path}: {full}: expected a mapping, got {type(value).__name__}")
+            valid = {f.name for f in fields(_SECTIONS[key])} | (set(PLAN_KEYS) if key == "model" else set())
             for k in value:
                 if k not in valid:
-                    raise ConfigError(f"{where}unknown config key '{full}.{k}'; valid keys here: {sorted(valid)}")
+                    raise ConfigError(f"{path}: unknown config key '{full}.{k}'; valid keys here: {sorted(valid)}")
             if key == "model" and "plan" in value and ({"attention", "attention_options"} & set(value)):
                 raise ConfigError(
-                    f"{where}{full}: set either plan (which writes attention and attention_options) or attention"
+                    f"{path}: {full}: set either plan (which writes attention and attention_options) or attention"
                 )
         elif key == "vars" and not isinstance(value, dict):
-            raise ConfigError(f"{where}{full}: expected a mapping of values to reference as ${{vars...}}")
+            raise ConfigError(f"{path}: {full}: expected a mapping of values to reference as ${{vars...}}")
         elif key == "defaults" and not (isinstance(value, list) and all(isinstance(x, str) for x in value)):
-            raise ConfigError(f"{where}defaults: expected a list of config names or .yaml paths, got {value!r}")
-        elif key in _MAPS:
+            raise ConfigError(f"{path}: defaults: expected a list of config names or .yaml paths, got {value!r}")
+        elif key in maps:
             if not isinstance(value, dict):
-                raise ConfigError(f"{where}{full}: expected a mapping of {key[:-1]} name -> values")
-            known = _names(family, _MAPS[key])
+                raise ConfigError(f"{path}: {full}: expected a mapping of {key[:-1]} name -> values")
             for name, sub in value.items():
-                if name not in known:
-                    raise ConfigError(f"{where}{full}: unknown {key[:-1]} {name!r}; expected one of {known}")
                 if sub is not None and not isinstance(sub, dict):
-                    raise ConfigError(f"{where}{full}.{name}: expected a mapping, got {type(sub).__name__}")
-                _check_layer(sub or {}, path, family=None, entry=f"{full}.{name}.")
-
-
-def _merge(into: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """Deep-merge ``new`` into ``into`` (later wins; mappings merge, lists and scalars are replaced)."""
-    model, incoming = into.get("model"), new.get("model")
-    if isinstance(model, dict) and isinstance(incoming, dict):
-        # a plan and explicit attention are alternatives: whichever a later file sets replaces the other
-        if "plan" in incoming:
-            model.pop("attention", None)
-            model.pop("attention_options", None)
-        elif {"attention", "attention_options"} & set(incoming):
-            for k in _PLAN_KEYS:
-                model.pop(k, None)
-    for key, value in new.items():
-        if value is None and (key in _SECTIONS or key == "vars"):
-            continue  # an empty section (``model:`` with nothing under it) changes nothing
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            _deep_merge(into[key], value)
-        else:
-            into[key] = copy.deepcopy(value)
-    return into
-
-
-def _deep_merge(into: dict[str, Any], new: dict[str, Any]) -> None:
-    for key, value in new.items():
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            _deep_merge(into[key], value)
-        else:
-            into[key] = copy.deepcopy(value)
-
-
-class _Composer:
-    """Merges the files of one spec, recording them (in merge order) for :func:`describe_config`."""
-
-    def __init__(self) -> None:
-        self.sources: list[str] = []
-        self.named = False  # whether the file named on the command line sets ``name`` itself
-
-    def file(self, path: Path, stack: tuple[str, ...]) -> dict[str, Any]:
-        """A file's values merged over its ``defaults`` (recursively)."""
-        key = _show(path)
-        stack = self._enter(key, stack)
-        raw = _read(path)
-        _check_layer(raw, path, family=_task_file_family(path))
-        if len(stack) == 1:
-            self.named = "name" in raw
-        values: dict[str, Any] = {}
-        for entry in raw.pop("defaults", None) or []:
-            _merge(values, self.entry(entry, path, stack))
-        self.sources.append(key)
-        return _merge(values, raw)
-
-    def entry(self, entry: str, including: Path, stack: tuple[str, ...]) -> dict[str, Any]:
-        """One ``defaults`` entry: a ``.yaml`` path relative to ``including``, or a name under config_dir()."""
-        if entry.endswith(".yaml"):
-            p = Path(entry).expanduser()
-            target: Path | _Composed | None = p if p.is_absolute() else including.parent / p
-            if not target.is_file():
-                target = None
-        else:
-            target = _lookup(entry)
-        if target is None:
-            raise ConfigError(f"{including}: defaults entry {entry!r} not found (neither a file nor a config name)")
-        if isinstance(target, _Composed):
-            return self.composed(target, stack)
-        if _task_file_family(target) is not None:
-            raise ConfigError(
-                f"{including}: defaults entry {entry!r} is a task fragment, whose models/budgets maps apply only "
-                "to composed names; include a name such as <family>/<task>/<model> instead"
-            )
-        if target.name == _TABLES[_MODELS] and (target.parent / _BASE).is_file():
-            raise ConfigError(
-                f"{including}: defaults entry {entry!r} is a model table (one entry per model), not one fragment; "
-                "include a name such as <family>/<task>/<model> instead"
-            )
-        return self.file(target, stack)
-
-    def part(self, c: _Composed, folder: str, stem: str, stack: tuple[str, ...]) -> dict[str, Any]:
-        """A task, model or budget of ``c``: its own file, or its entry in the family's table (checked like such a
-        file, no ``defaults``; a task entry may hold the per-model / per-budget maps)."""
-        path = c.source(folder, stem)
-        if path.name != _TABLES.get(folder):
-            return self.file(path, stack)
-        kind = folder[1:-1]  # _models -> model
-        raw = copy.deepcopy(_table(c.family, folder)[stem])
-        if "defaults" in raw:
-            raise ConfigError(f"{path}: {kind} {stem!r}: a {kind}-table entry cannot have defaults")
-        _check_layer(raw, path, family=c.family, entry=f"{stem}.", table_entry=folder == _TASKS)
-        self.sources.append(c.label(folder, stem))
-        return raw
-
-    def composed(self, c: _Composed, stack: tuple[str, ...]) -> dict[str, Any]:
-        """Base, task, model, budget overlay, then the task's entries for this model and budget."""
-        stack = self._enter(c.name, stack)
-        values = self.file(c.family / _BASE, stack)
-        task = self.part(c, _TASKS, c.task, stack)
-        per = {k: task.pop(k, None) or {} for k in _MAPS}
-        _merge(values, task)
-        _merge(values, self.part(c, _MODELS, c.model, stack))
-        if c.budget is not None:
-            _merge(values, self.part(c, _BUDGETS, c.budget, stack))
-        task_file = c.label(_TASKS, c.task)
-        for key, name in (("models", c.model), ("budgets", c.budget)):
-            if per[key].get(name):
-                _merge(values, per[key][name])
-                self.sources.append(f"{task_file} ({key}.{name})")
-        values["name"] = c.run_name
-        return values
-
-    @staticmethod
-    def _enter(key: str, stack: tuple[str, ...]) -> tuple[str, ...]:
-        if key in stack:
-            raise ConfigError(f"defaults cycle: {' -> '.join((*stack[stack.index(key) :], key))}")
-        return (*stack, key)
-
-
-def _resolve_refs(values: dict[str, Any]) -> dict[str, Any]:
-    """Replace every ``${a.b}`` value by (a copy of) the merged value at ``a.b``, recursively."""
-
-    def lookup(path: str, at: str, chain: tuple[str, ...]) -> Any:
-        if not _REF_PATH.fullmatch(path):
-            raise ConfigError(f"{at}: ${{{path}}} is not a reference; expected ${{section.key}}")
-        if path in chain:
-            raise ConfigError(f"{at}: reference cycle {' -> '.join((*chain, path))}")
-        node: Any = values
-        for part in path.split("."):
-            if not isinstance(node, dict) or part not in node:
-                raise ConfigError(f"{at}: ${{{path}}} refers to {path!r}, which no file sets")
-            node = node[part]
-        return resolve(node, at, (*chain, path))
-
-    def resolve(v: Any, at: str, chain: tuple[str, ...]) -> Any:
-        if isinstance(v, str) and (m := _REF.fullmatch(v.strip())):
-            return copy.deepcopy(lookup(m[1].strip(), at, chain))
-        if isinstance(v, dict):
-            return {k: resolve(x, f"{at}.{k}" if at else str(k), chain) for k, x in v.items()}
-        if isinstance(v, list):
-            return [resolve(x, f"{at}[{i}]", chain) for i, x in enumerate(v)]
-        return v
-
-    return resolve(values, "", ())
-
-
-def _find_missing(v: Any, at: str = "") -> str | None:
-    """The first key whose value is still ``???``."""
-    if isinstance(v, str) and v == _MISSING:
-        return at
-    items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
-    for k, x in items:
-        found = _find_missing(x, f"{at}[{k}]" if isinstance(v, list) else (f"{at}.{k}" if at else str(k)))
-        if found is not None:
-            return found
-    return None
+                    raise ConfigError(f"{path}: {full}.{name}: expected a mapping, got {type(sub).__name__}")
+                _check_layer(sub or {}, path, (), fragment, entry=f"{full}.{name}.")
 
 
 def _plan_presets() -> dict[str, Callable[..., dict[str, list]]]:
-    try:  # the presets' new home; the old module until it moves
-        from primaldual.models.plans import primal_plus, primalformer
-    except ImportError:
-        from primaldual.primalformer import primal_plus, primalformer
+    from ..models.plans import primal_plus, primalformer
+
     return {"primalformer": primalformer, "primal_plus": primal_plus}
 
 
 def _expand_plan(model: dict[str, Any]) -> None:
     """``model.plan`` (+ ``primal_options``, ``base``, ``base_options``, ``primal_layers``) -> attention lists."""
     plan = model.pop("plan", None)
-    opts = {k: model.pop(k) for k in _PLAN_KEYS[1:] if k in model}
+    opts = {k: model.pop(k) for k in PLAN_KEYS[1:] if k in model}
     if plan is None:
         if opts:
             raise ConfigError(f"model.{next(iter(opts))}: only used with model.plan (primalformer or primal_plus)")
@@ -1130,94 +802,55 @@ def _expand_plan(model: dict[str, Any]) -> None:
         raise ConfigError(f"model.plan {plan!r}: {e}") from None
 
 
-def _compose(spec: str, overrides: list[tuple[str, Any]] = ()) -> tuple[dict[str, Any], list[str], str]:
-    """Merged, resolved values of a config file or name, the files it came from, and how to name it in errors.
+def _known_key(key: str) -> bool:
+    """Whether dotted ``key`` is a key of the run config (the rest is reported by :func:`apply_overrides`)."""
+    node: Any = RunConfig().to_dict()
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
 
-    ``overrides`` (parsed command-line pairs) are set on the merged values *before* ``${...}`` references are
-    resolved, so that a reference follows an overridden key (``--trainer.max_steps`` moves the schedule's
-    ``total_steps: "${trainer.max_steps}"``, ``--data.max_len`` the primal layers' ``max_len``).
-    :func:`apply_overrides` sets them again on the built config, where they are checked and win over everything.
-    """
-    target = _lookup(spec)
-    if target is None:
-        raise _not_found(spec)
-    composer = _Composer()
-    if isinstance(target, _Composed):
-        values, label = composer.composed(target, ()), target.name
-    else:
-        if _is_fragment(target):
-            raise ConfigError(
-                f"{spec!r} is a fragment ({_show(target)}), a part of composed configs, not a runnable config; "
-                "run a name from `primaldual configs`, e.g. <family>/<task>/<model>"
-            )
-        values, label = composer.file(target, ()), str(target)
-        if not composer.named:  # as before composition: a file's run name defaults to its stem
-            values["name"] = target.stem
-    origin = f"{label} (from {', '.join(composer.sources)})" if len(composer.sources) > 1 else label
-    for key, value in overrides:
-        _set_raw(values, key, value)
+
+def _compose(spec: str, overrides: list[tuple[str, Any]] = (), config_dir: str | os.PathLike | None = None):
     try:
-        values = _resolve_refs(values)
-        missing = _find_missing({k: v for k, v in values.items() if k != "vars"})
-        if missing is not None:
-            raise ConfigError(f"{missing}: no value given ({_MISSING} marks a value a task or model file must set)")
-        values.pop("vars", None)
-        if isinstance(values.get("model"), dict):
-            _expand_plan(values["model"])
+        c = compose(str(spec), SearchPath(config_dir), _check_layer, overrides, _known_key)
+    except ComposeError as e:
+        raise ConfigError(str(e)) from None
+    try:
+        if isinstance(c.values.get("model"), dict):
+            _expand_plan(c.values["model"])
     except ConfigError as e:
-        raise ConfigError(f"{origin}: {e}") from None
-    return values, composer.sources, origin
+        raise ConfigError(f"{c.origin}: {e}") from None
+    return c
 
 
-def list_configs(prefix: str = "") -> list[str]:
-    """Names of the configs this CLI runs (files and composed names under ``configs/<prefix>``), no fragments."""
-    root = config_dir()
-    names = set()
-    for p in root.rglob("*.yaml"):
-        rel = p.relative_to(root)
-        if not any(part.startswith("_") for part in rel.parts):
-            names.add(rel.with_suffix("").as_posix())
-    for fam in _families():
-        rel = fam.relative_to(root).as_posix()
-        budgets, models = [None, *_names(fam, _BUDGETS)], _names(fam, _MODELS)
-        for task in _names(fam, _TASKS):
+def list_configs(prefix: str = "", config_dir: str | os.PathLike | None = None) -> list[str]:
+    """Names of the configs this CLI runs (files and composed names on the search path), no fragments."""
+    search = SearchPath(config_dir)
+    names = set(search.files())
+    for fam in search.families():
+        budgets, models = [None, *search.names(fam, BUDGETS)], search.names(fam, MODELS)
+        for task in search.names(fam, TASK_FOLDER):
             for model in models:
-                names.update(f"{rel}/{task}/{b + '/' if b else ''}{model}" for b in budgets)
+                names.update(f"{fam}/{task}/{b + '/' if b else ''}{model}" for b in budgets)
     return sorted(n for n in names if n.startswith(prefix))
 
 
-def find_config(spec: str) -> Path:
+def find_config(spec: str, config_dir: str | os.PathLike | None = None) -> Path:
     """The file of a config path or name (``uea/default``); for a composed name such as
     ``uea/JapaneseVowels/primalformer``, its task file (see :func:`describe_config` for every file it uses)."""
-    target = _lookup(spec)
+    search = SearchPath(config_dir)
+    target = lookup(spec, search)
     if target is None:
-        raise _not_found(spec)
-    return target.task_file if isinstance(target, _Composed) else target
+        raise ConfigError(str(not_found(spec, search)))
+    return search.find(f"{target.family}/{TASK_FOLDER}/{target.task}.yaml") if isinstance(target, Composed) else target
 
 
-def describe_config(spec: str | Path) -> list[str]:
-    """The files a config is merged from, first to last (relative to :func:`config_dir` when inside it); a table
-    entry appears as ``lra/_models.yaml (primal_plus)``, a task file's per-model / per-budget entry as
-    ``lra/_tasks/listops.yaml (models.primal_plus)``."""
-    return _compose(str(spec))[1]
-
-
-def _set_raw(values: dict[str, Any], key: str, value: Any) -> None:
-    """Set dotted ``key`` in merged, unresolved values, creating sections; a key that is not in the run config (the
-    ``attention`` switch, a typo) or that the values cannot hold (a path through a non-mapping) is left to
-    :func:`apply_overrides`, which applies or reports it."""
-    known: Any = RunConfig().to_dict()
-    for part in key.split("."):  # only keys of the run config: the rest is reported by apply_overrides
-        if not isinstance(known, dict) or part not in known:
-            return
-        known = known[part]
-    node, parts = values, key.split(".")
-    for part in parts[:-1]:
-        nxt = node.setdefault(part, {})
-        if not isinstance(nxt, dict):
-            return
-        node = nxt
-    node[parts[-1]] = copy.deepcopy(value)
+def describe_config(spec: str | Path, config_dir: str | os.PathLike | None = None) -> list[str]:
+    """The files a config is merged from, first to last (relative to their root on the search path); a task
+    file's per-model / per-budget entry as ``lra/_tasks/listops.yaml (models.primal_plus)``."""
+    return _compose(str(spec), config_dir=config_dir).sources
 
 
 def _parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
@@ -1238,17 +871,20 @@ def _parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
     return pairs
 
 
-def load_config(spec: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+def load_config(
+    spec: str | Path | None = None, overrides: list[str] | None = None, config_dir: str | os.PathLike | None = None
+) -> RunConfig:
     """Load a config file or name (``None``: all defaults), composing it from its fragments, and apply
-    command-line overrides (before the file's ``${...}`` references are resolved, so references follow them)."""
+    command-line overrides (before the file's ``${...}`` references are resolved, so references follow them).
+    ``config_dir``: a folder searched before ``./configs`` and the shipped configs."""
     if spec is None:
         cfg = RunConfig()
     else:
-        values, _, origin = _compose(str(spec), _parse_overrides(overrides or []))
+        c = _compose(str(spec), _parse_overrides(overrides or []), config_dir)
         try:
-            cfg = _build(RunConfig, values, "")
+            cfg = _build(RunConfig, c.values, "")
         except (ConfigError, TypeError) as e:
-            raise ConfigError(f"{origin}: {e}") from None
+            raise ConfigError(f"{c.origin}: {e}") from None
     return apply_overrides(cfg, overrides or []).validate()
 
 

@@ -40,16 +40,18 @@ def run_seeds(
     base: str = "runs",
     jobs: int = 1,
     threads: int | None = None,
+    config_dir: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Run (or resume, or reuse) every combination; return the summaries."""
+    """Run (or resume, or reuse) every combination; return the summaries (``config_dir``: see ``--config-dir``)."""
     plan = []
     for spec in configs:
         for protocol in protocols:
             for seed in seeds:
                 extra = [*overrides, "--protocol", protocol, "--seed", str(seed)]
-                cfg = load_config(spec, extra)
+                cfg = load_config(spec, extra, config_dir)
                 run_dir = default_run_dir(cfg, base)
                 cmd = [sys.executable, "-m", "primaldual.cli", "fit", "--config", spec, *extra]
+                cmd += ["--config-dir", str(config_dir)] if config_dir is not None else []
                 cmd += ["--trainer.enable_progress_bar", "false", "--run-dir", str(run_dir)]
                 if threads:
                     cmd += ["--threads", str(threads)]

@@ -1,74 +1,94 @@
-"""Configs by composition: every old name loads to exactly the frozen RunConfig (so the same run directory), the
-folder stays small, fragments are not configs, and bad files fail with errors naming the file and key."""
+"""Configs by composition on OmegaConf: every name loads to exactly the frozen RunConfig (so the same run
+directory), the shipped configs are found from any directory and a user's folder overrides them, fragments are not
+configs, and bad files fail with errors naming the file and key."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 
-from primaldual.train import config as config_module
+from primaldual.train.compose import PACKAGE_CONFIGS
 from primaldual.train.config import (
     ConfigError,
     RunConfig,
-    config_dir,
     describe_config,
+    dump_config,
     find_config,
     list_configs,
     load_config,
 )
 
 DATA = Path(__file__).resolve().parent / "data"
-# written by data/freeze_configs.py with the code from before composition: 111 single-file configs
+# written by data/freeze_configs.py with the code of abb5f8c (the hand-written engine, before OmegaConf): every name
+# listed then, its RunConfig, fingerprint (the run directory) and the SHA-256 of its config.yaml text
 FROZEN = json.loads((DATA / "frozen_configs.json").read_text())
-FINGERPRINTS = json.loads((DATA / "frozen_fingerprints.json").read_text())
 
 
-def test_configs_folder_holds_at_most_30_files():
-    # every family (uea, lra and the language-modelling lm added after the freeze) in at most 30 files together
-    files = [p.relative_to(config_dir()) for p in config_dir().rglob("*") if p.is_file()]
-    assert len(files) <= 30, sorted(map(str, files))
-
-
-def test_list_configs_is_the_old_set_without_fragments():
-    # lm/, rl/ and vision/: added after the freeze (test_lm.py, test_rl.py, test_vision.py)
-    names = [n for n in list_configs() if not n.startswith(("lm/", "rl/", "vision/"))]
-    assert names == sorted(FROZEN) and len(names) == 111
+def test_list_configs_is_the_frozen_set_without_fragments():
+    names = list_configs()
+    assert names == sorted(FROZEN) and len(names) == 155
     assert not [n for n in names if any(part.startswith("_") for part in n.split("/"))]
     assert list_configs("uea/JapaneseVowels/") == [
         f"uea/JapaneseVowels/{m}" for m in ("primal_plus", "primalformer", "transformer")
     ]
 
 
-def _since_frozen(d: dict, defaults: dict, frozen: dict) -> dict:
-    """``d`` without the keys added to the schema after the freeze, which must still be at their defaults."""
-    out = {}
-    for key, value in d.items():
-        if key not in frozen:
-            assert value == defaults[key], f"{key}: a key added after the freeze must keep its default"
-        elif isinstance(value, dict) and isinstance(frozen[key], dict) and key != "attention_options":
-            out[key] = _since_frozen(value, defaults[key], frozen[key])
-        else:
-            out[key] = value
-    return out
-
-
 @pytest.mark.parametrize("name", sorted(FROZEN))
 def test_composed_config_equals_the_frozen_one(name):
     cfg = load_config(name)
-    now = _since_frozen(cfg.to_dict(), RunConfig().to_dict(), FROZEN[name])
     # JSON text, not dict equality: 0 and 0.0 (or 1 and True) would compare equal but hash differently
-    assert json.dumps(now, sort_keys=True) == json.dumps(FROZEN[name], sort_keys=True)
-    assert cfg.fingerprint() == FINGERPRINTS[name]  # the run directory is unchanged: old runs resume
+    assert json.dumps(cfg.to_dict(), sort_keys=True) == json.dumps(FROZEN[name]["config"], sort_keys=True)
+    assert cfg.fingerprint() == FROZEN[name]["fingerprint"]  # the run directory is unchanged: old runs resume
+    assert hashlib.sha256(dump_config(cfg).encode()).hexdigest() == FROZEN[name]["yaml_sha256"]
+
+
+def test_the_shipped_configs_are_found_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert PACKAGE_CONFIGS.parent.name == "primaldual"  # inside the package: shipped in the wheel
+    assert load_config("uea/default").trainer.max_epochs == 30
+    assert len(list_configs()) == 155
+
+
+def test_a_users_folder_overrides_and_extends_the_shipped_configs(tmp_path, monkeypatch):
+    mine = tmp_path / "mine"
+    (mine / "lra" / "_models").mkdir(parents=True)
+    (mine / "lra" / "_models" / "mymodel.yaml").write_text("model: {attention: linear, attention_options: null}\n")
+    (mine / "uea").mkdir()
+    (mine / "uea" / "default.yaml").write_text("defaults: [uea/JapaneseVowels/transformer]\nname: quick\n")
+    assert "lra/image/mymodel" not in list_configs()
+    assert "lra/image/mymodel" in list_configs(config_dir=mine)  # one file composes with the shipped base and tasks
+    cfg = load_config("lra/listops/reduced/mymodel", config_dir=mine)
+    assert cfg.model.attention == "linear" and cfg.data.max_len == 2000
+    assert describe_config("lra/image/mymodel", config_dir=mine)[2] == "lra/_models/mymodel.yaml"
+    assert load_config("uea/default", config_dir=mine).name == "quick"  # the user's file wins over the shipped one
+    # ./configs is searched too, after --config-dir
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "uea").mkdir()
+    (tmp_path / "configs" / "uea" / "default.yaml").write_text("defaults: [uea/JapaneseVowels/transformer]\n")
+    assert load_config("uea/default").name == "default"
+    assert load_config("uea/default", config_dir=mine).name == "quick"
+    with pytest.raises(ConfigError, match="--config-dir: .* is not a directory"):
+        load_config("uea/default", config_dir=tmp_path / "nope")
+
+
+def test_an_empty_or_comment_only_file_is_not_a_config(tmp_path):
+    # an empty YAML would otherwise start a full default run (width 512, 100 epochs)
+    for text in ("", "# nothing here\n"):
+        (tmp_path / "empty.yaml").write_text(text)
+        with pytest.raises(ConfigError, match="empty.yaml: empty"):
+            load_config(tmp_path / "empty.yaml")
 
 
 def test_describe_config_lists_the_files_in_merge_order():
     assert describe_config("lra/listops/reduced/primal_plus") == [
         "lra/_base.yaml",
         "lra/_tasks/listops.yaml",
-        "lra/_models.yaml (primal_plus)",
+        "lra/_models/primal_plus.yaml",
         "lra/_budgets/reduced.yaml",
         "lra/_tasks/listops.yaml (models.primal_plus)",
         "lra/_tasks/listops.yaml (budgets.reduced)",
@@ -76,19 +96,19 @@ def test_describe_config_lists_the_files_in_merge_order():
     assert describe_config("uea/default")[-1] == "uea/default.yaml"
     assert describe_config("uea/Heartbeat/transformer") == [
         "uea/_base.yaml",
-        "uea/_tasks.yaml (Heartbeat)",
-        "uea/_models.yaml (transformer)",
+        "uea/_tasks/Heartbeat.yaml",
+        "uea/_models/transformer.yaml",
     ]
-    assert find_config("uea/default") == config_dir() / "uea" / "default.yaml"
-    assert find_config("uea/Heartbeat/transformer") == config_dir() / "uea" / "_tasks.yaml"
+    assert find_config("uea/default") == PACKAGE_CONFIGS / "uea" / "default.yaml"
+    assert find_config("uea/Heartbeat/transformer") == PACKAGE_CONFIGS / "uea" / "_tasks" / "Heartbeat.yaml"
 
 
-@pytest.mark.parametrize("spec", ["lra/_models", "uea/_base", "lra/_tasks/listops", "uea/_tasks"])
+@pytest.mark.parametrize("spec", ["lra/_models/linear", "uea/_base", "lra/_tasks/listops", "uea/_tasks/Heartbeat"])
 def test_a_fragment_is_not_a_config(spec):
     with pytest.raises(ConfigError, match="is a fragment"):
         load_config(spec)
     with pytest.raises(ConfigError, match="is a fragment"):
-        load_config(config_dir() / f"{spec}.yaml")
+        load_config(PACKAGE_CONFIGS / f"{spec}.yaml")
 
 
 def test_unknown_name_lists_the_parts():
@@ -136,20 +156,20 @@ def test_references(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text("defaults: [lra/image/transformer]\nschedule: {warmup_steps: '${trainer.max_step}'}\n")
     with pytest.raises(
-        ConfigError, match=r"schedule.warmup_steps: \$\{trainer.max_step\} refers to 'trainer.max_step'"
+        ConfigError, match=r"schedule.warmup_steps: Interpolation key 'trainer.max_step' not found"
     ):
         load_config(path)
     path.write_text("defaults: [lra/image/transformer]\nvars: {a: '${vars.b}', b: '${vars.a}'}\n")
-    with pytest.raises(ConfigError, match="reference cycle"):
+    with pytest.raises(ConfigError, match="vars.a: Recursive interpolation detected"):
         load_config(path)
 
 
 @pytest.fixture
 def configs(tmp_path, monkeypatch) -> Path:
-    """A writable copy of configs/, used by load_config instead of the real one."""
+    """A writable copy of the shipped configs in ./configs, which load_config searches first."""
     root = tmp_path / "configs"
-    shutil.copytree(config_dir(), root)
-    monkeypatch.setattr(config_module, "config_dir", lambda: root)
+    shutil.copytree(PACKAGE_CONFIGS, root)
+    monkeypatch.chdir(tmp_path)
     return root
 
 
@@ -169,8 +189,8 @@ def test_unknown_keys_in_fragments_name_the_file_and_key(configs):
     _edit(task, "primalformer: {model: {atention: x}, vars:", "primalformr: {vars:")
     with pytest.raises(ConfigError, match=r"_tasks/listops.yaml: models: unknown model 'primalformr'"):
         load_config("lra/listops/transformer")
-    _edit(configs / "lra" / "_models.yaml", "model: {attention: linear,", "modle: {attention: linear,")
-    with pytest.raises(ConfigError, match=r"lra/_models.yaml: unknown config key 'linear.modle'"):
+    _edit(configs / "lra" / "_models" / "linear.yaml", "model: {attention: linear,", "modle: {attention: linear,")
+    with pytest.raises(ConfigError, match=r"lra/_models/linear.yaml: unknown config key 'modle'"):
         load_config("lra/image/linear")
     _edit(configs / "lra" / "_budgets" / "reduced.yaml", "optim:", "name: x\noptim:")
     with pytest.raises(ConfigError, match=r"_budgets/reduced.yaml: unknown config key 'name' \(a fragment cannot"):
@@ -185,7 +205,6 @@ def test_a_value_left_unset_is_an_error(configs):
 
 
 def test_a_new_dataset_is_one_file(configs):
-    (configs / "uea" / "_tasks").mkdir()
     (configs / "uea" / "_tasks" / "NewSeries.yaml").write_text(
         "data: {name: NewSeries}\nvars: {primal: {rank_multi: 5, max_len: 50}}\n"
         "models:\n  primalformer: {vars: {primal: {s: 10, eta: 0.1}}}\n  primal_plus: {vars: {primal: {s: 12, eta: 0.2}}}\n"
@@ -196,18 +215,7 @@ def test_a_new_dataset_is_one_file(configs):
     assert cfg.model.attention_options[1]["max_len"] == 50 and cfg.trainer.max_epochs == 100
 
 
-def test_a_task_table_entry_is_checked_like_a_task_file(configs):
-    table = configs / "uea" / "_tasks.yaml"
-    table.write_text(table.read_text() + "\nBroken:\n  data: {name: Broken, nope: 1}\n")
-    with pytest.raises(ConfigError, match=r"_tasks.yaml: unknown config key 'Broken.data.nope'"):
-        load_config("uea/Broken/transformer")
-    table.write_text(table.read_text().replace("nope: 1", "batch_size: 4") + "  models: {transformr: {}}\n")
-    with pytest.raises(ConfigError, match="unknown model 'transformr'"):
-        load_config("uea/Broken/transformer")
-
-
-def test_model_tables_keep_every_name():
-    # the models moved from one _models/<model>.yaml file each into one _models.yaml per family: the same names
+def test_every_family_keeps_every_name():
     trio = ["primal_plus", "primalformer", "transformer"]
     svr = ["linear", "linear_bn", "softmax_bn", "softmax_bn_sh", "softmax_sh"]
     models = {"lra": sorted([*trio, *svr]), "uea": trio, "lm": trio}
@@ -215,58 +223,9 @@ def test_model_tables_keep_every_name():
         composed = [n for n in list_configs(f"{family}/") if n.count("/") >= 2]
         assert sorted({n.rsplit("/", 1)[1] for n in composed}) == models[family]
         assert len(composed) == tasks * budgets * len(models[family])
-        assert not (config_dir() / family / "_models").exists()
-
-
-def test_a_model_table_entry_is_checked_like_a_model_file(configs, tmp_path):
-    table = configs / "lra" / "_models.yaml"
-    _edit(table, "model: {attention: linear,", "model: {atention: linear,")
-    with pytest.raises(ConfigError, match=r"lra/_models.yaml: unknown config key 'linear.model.atention'"):
-        load_config("lra/image/linear")
-    _edit(table, "model: {atention: linear,", "name: x\n  model: {attention: linear,")
-    with pytest.raises(ConfigError, match=r"_models.yaml: unknown config key 'linear.name' \(a fragment cannot"):
-        load_config("lra/image/linear")
-    _edit(table, "name: x\n", "models: {}\n")
-    with pytest.raises(ConfigError, match=r"_models.yaml: unknown config key 'linear.models'"):
-        load_config("lra/image/linear")
-    _edit(table, "models: {}\n", "defaults: [lra/_budgets/reduced]\n")
-    with pytest.raises(ConfigError, match=r"_models.yaml: model 'linear': a model-table entry cannot have defaults"):
-        load_config("lra/image/linear")
-    _edit(table, "defaults: [lra/_budgets/reduced]\n", "")
-    assert load_config("lra/image/linear").model.attention == "linear"
-    table.write_text(table.read_text() + "\nbroken: [1]\n")
-    with pytest.raises(ConfigError, match=r"_models.yaml: model 'broken': expected a mapping, got list"):
-        list_configs()
-    table.write_text(table.read_text().replace("broken: [1]", "_hidden: {}"))
-    with pytest.raises(ConfigError, match=r"_models.yaml: model names must be plain names, got '_hidden'"):
-        load_config("lra/image/linear")
-    # the table is no fragment to build on: its entries are used through composed names
-    table.write_text(table.read_text().replace("_hidden: {}", ""))
-    (tmp_path / "mine.yaml").write_text("defaults: [lra/_models]\n")
-    with pytest.raises(ConfigError, match=r"defaults entry 'lra/_models' is a model table"):
-        load_config(tmp_path / "mine.yaml")
-
-
-def test_a_model_file_beside_the_table(configs):
-    (configs / "lra" / "_models").mkdir()
-    (configs / "lra" / "_models" / "mine.yaml").write_text("model: {attention: linear, attention_options: null}\n")
-    assert {"lra/image/mine", "lra/listops/reduced/mine"} <= set(list_configs())
-    assert load_config("lra/image/mine").model.attention == "linear"
-    assert describe_config("lra/image/mine")[2] == "lra/_models/mine.yaml"
-    assert describe_config("lra/image/linear")[2] == "lra/_models.yaml (linear)"
-    # a name both in the table and a file: ambiguous, so an error naming both (for every name of the family)
-    (configs / "lra" / "_models" / "linear.yaml").write_text("model: {attention: softmax}\n")
-    both = r"lra/_models.yaml: model 'linear' is both an entry here and a file, .*lra/_models/linear.yaml; keep one"
-    for name in ("lra/image/linear", "lra/image/transformer"):
-        with pytest.raises(ConfigError, match=both):
-            load_config(name)
-    with pytest.raises(ConfigError, match=both):
-        list_configs()
-    # the same for tasks
-    (configs / "uea" / "_tasks").mkdir()
-    (configs / "uea" / "_tasks" / "Heartbeat.yaml").write_text("data: {name: Heartbeat}\n")
-    with pytest.raises(ConfigError, match=r"uea/_tasks.yaml: task 'Heartbeat' is both an entry here and a file"):
-        load_config("uea/Heartbeat/transformer")
+        # one form per group: folders of files, no tables
+        assert not (PACKAGE_CONFIGS / family / "_models.yaml").exists()
+        assert not (PACKAGE_CONFIGS / family / "_tasks.yaml").exists()
 
 
 def test_references_follow_command_line_overrides():

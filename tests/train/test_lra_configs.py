@@ -10,7 +10,8 @@ import pytest
 
 from primaldual.attention.registry import attention_options
 from primaldual.bench.lra import MODELS, TASKS
-from primaldual.train.config import config_dir, describe_config, list_configs, load_config
+from primaldual.train.compose import PACKAGE_CONFIGS
+from primaldual.train.config import describe_config, list_configs, load_config
 
 # benchmarks.md, section 2: task: (length, batch, steps, warm-up, PrimalFormer s/eta, Primal.+ s/eta)
 REFERENCE = {
@@ -68,7 +69,7 @@ def test_reduced_variants_are_labelled(task, model):
     assert cfg.model.attention == ref.model.attention and cfg.fingerprint() != ref.fingerprint()
     overlay = "lra/_budgets/reduced.yaml"
     assert overlay in describe_config(f"lra/{task}/reduced/{model}")
-    assert "REDUCED" in (config_dir() / overlay).read_text().splitlines()[0]
+    assert "REDUCED" in (PACKAGE_CONFIGS / overlay).read_text().splitlines()[0]
 
 
 @pytest.mark.parametrize("task", sorted(REFERENCE))
