@@ -14,7 +14,6 @@ import pytest
 from primaldual.train.compose import PACKAGE_CONFIGS
 from primaldual.train.config import (
     ConfigError,
-    RunConfig,
     describe_config,
     dump_config,
     find_config,
@@ -155,9 +154,7 @@ def test_defaults_cycle_and_missing_entry_and_bad_yaml(tmp_path):
 def test_references(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text("defaults: [lra/image/transformer]\nschedule: {warmup_steps: '${trainer.max_step}'}\n")
-    with pytest.raises(
-        ConfigError, match=r"schedule.warmup_steps: Interpolation key 'trainer.max_step' not found"
-    ):
+    with pytest.raises(ConfigError, match=r"schedule.warmup_steps: Interpolation key 'trainer.max_step' not found"):
         load_config(path)
     path.write_text("defaults: [lra/image/transformer]\nvars: {a: '${vars.b}', b: '${vars.a}'}\n")
     with pytest.raises(ConfigError, match="vars.a: Recursive interpolation detected"):
