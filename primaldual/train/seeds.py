@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ..tasks.base import Task, get_task
 from .config import load_config
-from .protocols import get_protocol
 from .run import default_run_dir
 
 __all__ = ["format_table", "run_seeds"]
@@ -80,7 +80,8 @@ def run_seeds(
 
 def format_table(summaries: list[dict[str, Any]], command: str | None = None) -> str:
     """Markdown table: one row per (dataset, config), one column per protocol, test accuracy mean +- std (n seeds);
-    test perplexity instead when every summary is a language model's (task ``lm``).
+    when every summary is of one task, that task's figure (test perplexity for ``lm``, the final normalised score for
+    ``offline_rl``: :meth:`~primaldual.tasks.Task.table_value`).
 
     Rows are keyed by dataset as well as config name, so configs of different tasks that share a name (the LRA
     ``transformer_reduced`` of ListOps and of Image) are never averaged together; a dataset column appears when
@@ -90,29 +91,26 @@ def format_table(summaries: list[dict[str, Any]], command: str | None = None) ->
     protocols = list(dict.fromkeys(s["protocol"] for s in summaries))
     datasets = list(dict.fromkeys(s["dataset"] for s in summaries))
     several = len(datasets) > 1
-    lm = all(s.get("task") == "lm" for s in summaries)
-    rl = all(s.get("task") == "offline_rl" for s in summaries)
-    label = (lambda p: get_protocol(p, "lm").label) if lm else (lambda p: get_protocol(p).label)
-    value = (lambda s: s["test_ppl"]) if lm else (lambda s: 100 * s["test_acc"])
-    if rl:  # offline RL: the final checkpoint's mean normalised score (no selection)
-        label, value = (lambda p: "final checkpoint"), (lambda s: s["normalized_score_mean"])
-    head = (["dataset"] if several else []) + ["model"] + [label(p) for p in protocols]
-    what = "Test perplexity" if lm else "D4RL normalised score" if rl else "Test accuracy (%)"
-    lines = [f"{what} on {', '.join(datasets)}, mean +- std over seeds", ""]
+    tasks = {s.get("task") for s in summaries}
+    # one task: its own figure (perplexity, normalised score...); a mix: accuracy, which the classification tasks share
+    task = get_task(tasks.pop()) if len(tasks) == 1 and None not in tasks else Task()
+    head = (["dataset"] if several else []) + ["model"] + [task.table_column(p) for p in protocols]
+    lines = [f"{task.table_title} on {', '.join(datasets)}, mean +- std over seeds", ""]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for dataset, name in rows:
         cells = ([dataset] if several else []) + [name]
         for p in protocols:
-            acc = [value(s) for s in summaries if (s["dataset"], s["name"], s["protocol"]) == (dataset, name, p)]
+            acc = [
+                task.table_value(s) for s in summaries if (s["dataset"], s["name"], s["protocol"]) == (dataset, name, p)
+            ]
             if not acc:
                 cells.append("-")
                 continue
             sd = statistics.stdev(acc) if len(acc) > 1 else 0.0
             cells.append(f"{statistics.mean(acc):.2f} +- {sd:.2f} (n={len(acc)})")
         lines.append("| " + " | ".join(cells) + " |")
-    behaviour = {s["dataset"]: s["behaviour_policy"] for s in summaries if rl and s.get("behaviour_policy")}
-    for dataset, b in behaviour.items():
-        lines += ["", f"{dataset}: behaviour policy normalised score {b['normalized_score_mean']:.2f}"]
+    for note in task.table_notes(summaries):
+        lines += ["", note]
     if command:
         lines += ["", f"Command: `{command}`"]
     return "\n".join(lines)

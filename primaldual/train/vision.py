@@ -35,7 +35,8 @@ from torch.utils.data import Subset
 from ..aux_loss import collect_aux_loss
 from ..data.cache import MissingDataError
 from ..data.splits import stratified_split
-from .config import VISION_IDX_DATASETS, AugmentConfig, ConfigError, OptimConfig, ScheduleConfig
+from ..tasks.vision import VISION_IDX_DATASETS
+from .config import AugmentConfig, ConfigError, OptimConfig, ScheduleConfig
 from .datamodule import SplitDataModule
 from .module import ClassificationModule, build_optimizer
 

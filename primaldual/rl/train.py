@@ -1,4 +1,4 @@
-"""Offline RL on the harness (task ``offline_rl``): Decision Transformer training on D4RL-layout data, evaluated by
+"""Offline RL training loop (task ``offline_rl``, :mod:`primaldual.tasks.offline_rl`): Decision Transformer training on D4RL-layout data, evaluated by
 rollouts.
 
 * **Data**: ``data.name`` ``<env>-<kind>`` (e.g. ``hopper-medium``), read from ``data.root`` or the cache
@@ -42,9 +42,9 @@ from torch import nn
 
 from ..aux_loss import collect_aux_loss
 from ..data.cache import MissingDataError, dataset_dir
+from ..train.config import ConfigError, RunConfig
+from ..train.module import build_optimizer, lr_factor
 from ..utils.io import atomic_write_bytes, atomic_write_json, atomic_write_text
-from .config import ConfigError, RunConfig
-from .module import build_optimizer, lr_factor
 
 __all__ = ["behaviour_score", "build_dt", "fit_rl", "rl_data_dir"]
 
@@ -59,7 +59,7 @@ def rl_data_dir(cfg: RunConfig) -> Path:
 
 
 def _env_kind(name: str) -> tuple[str, str]:
-    from ..rl.evaluate import env_key
+    from .evaluate import env_key
 
     env, _, kind = name.partition("-")
     try:
@@ -103,7 +103,7 @@ def behaviour_score(meta: dict[str, Any], kind: str) -> dict[str, Any] | None:
 
 def build_dt(cfg: RunConfig, state_dim: int, act_dim: int) -> nn.Module:
     """The :class:`~primaldual.models.DecisionTransformer` of ``cfg.model`` / ``cfg.rl`` for these sizes."""
-    from ..models.decision_transformer import DecisionTransformer
+    from .decision_transformer import DecisionTransformer
 
     m = cfg.model
     return DecisionTransformer(
@@ -207,9 +207,9 @@ def _write_history(run_dir: Path, rows: list[dict[str, Any]]) -> None:
 def fit_rl(cfg: RunConfig, run_dir: Path, *, fresh: bool = False, verbose: bool = True) -> dict[str, Any]:
     """Train (or resume) one offline RL run; return its summary (also written to ``summary.json``)."""
     from ..data.d4rl import TrajectoryDataset
-    from ..rl.evaluate import TARGET_RETURNS, require_rl
-    from .lock import RunLock
-    from .run import prepare_run_dir
+    from ..train.lock import RunLock
+    from ..train.rundir import prepare_run_dir
+    from .evaluate import TARGET_RETURNS, require_rl
 
     require_rl("gymnasium", "h5py")
     if cfg.trainer.accelerator not in ("auto", "cpu") and not torch.cuda.is_available():

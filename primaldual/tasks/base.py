@@ -1,0 +1,221 @@
+"""The task registry: ``register_task(name)`` and the :class:`Task` protocol the generic runner drives.
+
+Modelled on the attention registry: a task is a class registered under one or more names (the config's ``task``);
+the runner (:mod:`primaldual.train.run`) and the config validator know no task by name, they ask the task. A task
+says what its config may hold and checks it (:meth:`Task.check`), builds its data module, model and Lightning
+module, names its selection protocol, and turns a finished fit into the result it reports (:meth:`Task.results`,
+:meth:`Task.report`). A task with a loop of its own (offline RL: rollouts, not a Lightning ``Trainer``) sets
+``lightning = False`` and implements :meth:`Task.fit`.
+
+Registering and validating never import Lightning: the built-in tasks import their Lightning parts inside the
+methods that build them, so loading or checking a config stays fast. A task of your own can keep everything in one
+file (``docs/training.md``, "A task of your own").
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..train.errors import ConfigError
+from ..train.protocols import PROTOCOLS, Protocol
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from ..train.config import RunConfig
+
+__all__ = ["Task", "get_task", "list_tasks", "register_task"]
+
+_REGISTRY: dict[str, Task] = {}
+# the built-in tasks: name -> module, imported on first use (so importing primaldual.tasks stays cheap)
+_BUILTIN = {
+    "uea": "uea",
+    "lra_listops": "lra",
+    "lra_text": "lra",
+    "lra_retrieval": "lra",
+    "lra_image": "lra",
+    "lra_pathfinder": "lra",
+    "lm": "lm",
+    "offline_rl": "offline_rl",
+    "vision": "vision",
+}
+
+
+class Task:
+    """What the runner and the config validator need from a task. Subclass it and register the subclass.
+
+    Class attributes:
+        model_kinds: the ``model.kind`` values the task builds; the first is what ``auto`` means.
+        causal: every attention layer is causal (the config must not set ``causal`` itself).
+        step_based: the run is counted in optimiser steps (``trainer.max_steps > 0`` required); else epochs.
+        protocols: the ``protocol`` values it accepts.
+        sections: config sections only this task reads (at their defaults in every other task's configs).
+        keys: ``(section, key)`` pairs only this task reads, likewise.
+        compiles: whether ``trainer.compile`` applies.
+        lightning: trained by the generic Lightning runner; ``False``: :meth:`fit` is the task's own loop.
+        metrics: the per-evaluation metrics of ``history.csv`` (after ``loss``).
+        majority_baseline: the summary records the data's ``info`` and the majority-class test accuracy.
+    """
+
+    name: str = ""
+    model_kinds: tuple[str, ...] = ()
+    causal: bool = False
+    step_based: bool = True
+    protocols: tuple[str, ...] = ("heldout",)
+    sections: tuple[str, ...] = ()
+    keys: tuple[tuple[str, str], ...] = ()
+    compiles: bool = True
+    lightning: bool = True
+    metrics: tuple[str, ...] = ("loss", "acc")
+    majority_baseline: bool = False
+
+    # --- config ------------------------------------------------------------------------------------------------
+    def check(self, cfg: RunConfig) -> None:
+        """Task-specific checks of a config (the generic ones have passed); raise :class:`ConfigError`."""
+
+    def protocol(self, name: str) -> Protocol:
+        """The selection protocol ``name`` (one of :attr:`protocols`)."""
+        return PROTOCOLS[name]
+
+    # --- building ----------------------------------------------------------------------------------------------
+    def datamodule(self, cfg: RunConfig) -> Any:
+        """The Lightning data module (not yet set up)."""
+        raise NotImplementedError(f"task {self.name!r} has no data module")
+
+    def model(self, cfg: RunConfig, dm: Any) -> nn.Module:
+        """The task model of ``cfg.model``, sized from the set-up data module."""
+        raise NotImplementedError(f"task {self.name!r} has no model")
+
+    def module(self, cfg: RunConfig, dm: Any) -> Any:
+        """The Lightning module: the model with its loss, optimiser and schedule (default: classification)."""
+        from ..train.module import ClassificationModule
+
+        total = cfg.trainer.max_steps if cfg.step_based else None
+        return ClassificationModule(self.model(cfg, dm), cfg.optim, dm.eval_splits, cfg.schedule, total)
+
+    def on_run_dir(self, cfg: RunConfig, dm: Any, run_dir: Path) -> None:
+        """Called once the run directory is prepared (before training), in the launching process only."""
+
+    # --- results -----------------------------------------------------------------------------------------------
+    def results(
+        self, cfg: RunConfig, dm: Any, module: Any, protocol: Protocol, best: dict[str, Any], test: dict | None
+    ) -> dict[str, Any]:
+        """The task's part of ``summary.json``. ``best``: the history row the protocol selected; ``test``: the
+        metrics of the selected checkpoint on test (None when the protocol evaluates test every epoch)."""
+        out: dict[str, Any] = {}
+        if self.majority_baseline:
+            from ..train.lra_data import majority_baseline
+
+            out.update(data=data_info(dm), majority_class_test_acc=majority_baseline(dm))
+        if test is None:
+            return {**out, "test_acc": best["test/acc"], "test_loss": best["test/loss"]}
+        return {
+            **out,
+            "val_acc": best["val/acc"],
+            "test_acc": float(test["test/acc"]),
+            "test_loss": float(test["test/loss"]),
+        }
+
+    def report(self, cfg: RunConfig, summary: dict[str, Any], protocol: Protocol) -> str:
+        """The lines ``fit`` prints at the end."""
+        s = summary
+        where = (
+            f"step {s['best_step']} of {s['steps']}" if cfg.step_based else f"epoch {s['best_epoch']} of {s['epochs']}"
+        )
+        base = s.get("majority_class_test_acc")
+        base_txt = f"; majority class {100 * base:.2f}%" if base is not None else ""
+        return (
+            f"\n{cfg.data.name} {cfg.name} [{protocol.label}]: test accuracy {100 * s['test_acc']:.2f}% "
+            f"({where}{base_txt})\nrun directory: {s['run_dir']} "
+            f"(config.yaml, history.csv, logs/*/metrics.csv, checkpoints/, summary.json)"
+        )
+
+    # --- the seeds table (primaldual seeds) -------------------------------------------------------------------
+    table_title: str = "Test accuracy (%)"
+
+    def table_value(self, summary: dict[str, Any]) -> float:
+        """The number a summary contributes to the mean +- std table."""
+        return 100 * summary["test_acc"]
+
+    def table_column(self, protocol: str) -> str:
+        """The column heading of a protocol."""
+        return self.protocol(protocol).label
+
+    def table_notes(self, summaries: list[dict[str, Any]]) -> list[str]:
+        """Lines printed under the table."""
+        return []
+
+    # --- a loop of its own -------------------------------------------------------------------------------------
+    def fit(self, cfg: RunConfig, run_dir: Path, *, fresh: bool = False, verbose: bool = True) -> dict[str, Any]:
+        """Train (or resume) a run in the task's own loop (``lightning = False``); return its summary."""
+        raise NotImplementedError(f"task {self.name!r} is trained by the Lightning runner")
+
+    def __repr__(self) -> str:
+        return f"<task {self.name!r}: {type(self).__module__}.{type(self).__qualname__}>"
+
+
+def register_task(*names: str):
+    """Class decorator: register a :class:`Task` subclass under each of ``names`` (one instance per name)."""
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"register_task: expected one or more non-empty names, got {names!r}")
+
+    def deco(cls: type[Task]) -> type[Task]:
+        if not (isinstance(cls, type) and issubclass(cls, Task)):
+            raise TypeError(f"register_task: {cls!r} is not a subclass of primaldual.tasks.Task")
+        if not cls.model_kinds:
+            raise ValueError(f"register_task: {cls.__name__}.model_kinds is empty; name the model kinds it builds")
+        for name in names:
+            old = _REGISTRY.get(name)
+            if old is not None and type(old).__qualname__ != cls.__qualname__:
+                raise ValueError(f"task name {name!r} is already registered to {old!r}")
+            task = cls()
+            task.name = name
+            _REGISTRY[name] = task
+        return cls
+
+    return deco
+
+
+def unregister_task(name: str) -> None:
+    """Remove a task registered at run time (tests, notebooks); built-in tasks come back on their next use."""
+    _REGISTRY.pop(name, None)
+
+
+def get_task(name: str) -> Task:
+    """The task registered as ``name``; :class:`ConfigError` naming the registered ones otherwise."""
+    if isinstance(name, str) and name not in _REGISTRY and name in _BUILTIN:
+        importlib.import_module(f"{__package__}.{_BUILTIN[name]}")
+    if not isinstance(name, str) or name not in _REGISTRY:
+        raise ConfigError(f"task: expected one of {tuple(list_tasks())}, got {name!r}")
+    return _REGISTRY[name]
+
+
+def list_tasks() -> list[str]:
+    """Every registered task name (the built-in ones included)."""
+    for module in sorted(set(_BUILTIN.values())):
+        importlib.import_module(f"{__package__}.{module}")
+    return sorted(_REGISTRY)
+
+
+def exclusive_keys() -> dict[tuple[str, str | None], set[str]]:
+    """``(section, key or None for the whole section) -> the tasks that read it``, over every registered task."""
+    owners: dict[tuple[str, str | None], set[str]] = {}
+    for name in list_tasks():
+        task = _REGISTRY[name]
+        for section in task.sections:
+            owners.setdefault((section, None), set()).add(name)
+        for key in task.keys:
+            owners.setdefault(key, set()).add(name)
+    return owners
+
+
+def data_info(dm: Any) -> dict[str, Any]:
+    """The plain values of a data module's ``info`` (what ``summary.json`` records of the data)."""
+    return {k: v for k, v in getattr(dm, "info", {}).items() if isinstance(v, str | int | float | bool)}
+
+
+def path_or_none(value: str | None) -> Path | None:
+    return Path(os.path.expanduser(value)) if value is not None else None

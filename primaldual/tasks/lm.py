@@ -1,0 +1,81 @@
+"""Task ``lm``: causal language modelling (step-based; the lowest validation loss selects the checkpoint).
+
+Data, Lightning module, results and generation: :mod:`primaldual.train.lm`. Model:
+:class:`~primaldual.models.CausalLM` (pre-LN, every attention layer causal).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from ..train.config import ConfigError, RunConfig
+from ..train.protocols import LM_HELDOUT, Protocol
+from .base import Task, data_info, register_task
+
+__all__ = ["LM_DATASETS", "LanguageModelTask"]
+
+# data.name values: the obtainable English corpus, or WikiText files the user provides (data.root)
+LM_DATASETS: tuple[str, ...] = ("english", "wikitext-103", "wikitext-2")
+
+
+@register_task("lm")
+class LanguageModelTask(Task):
+    model_kinds = ("lm",)
+    causal = True
+    metrics = ("loss", "ppl")
+
+    def check(self, cfg: RunConfig) -> None:
+        d, m = cfg.data, cfg.model
+        if d.name not in LM_DATASETS:
+            raise ConfigError(f"data.name: task 'lm' takes one of {LM_DATASETS}, got {d.name!r}")
+        if d.max_len is None:
+            raise ConfigError("data.max_len: task 'lm' needs the tokens per sample (e.g. 512)")
+        if not m.norm_first:
+            raise ConfigError("model.norm_first: the causal LM (model.kind 'lm') is pre-LN; set it to true")
+        if m.num_classes is not None:
+            raise ConfigError("model.num_classes: a language model has no classes; set it to null")
+
+    table_title = "Test perplexity"
+
+    def table_value(self, summary: dict[str, Any]) -> float:
+        return summary["test_ppl"]
+
+    def protocol(self, name: str) -> Protocol:
+        return LM_HELDOUT
+
+    def datamodule(self, cfg: RunConfig) -> Any:
+        from ..train.lm import LMDataModule
+
+        return LMDataModule(cfg.data, cfg.seed)
+
+    def model(self, cfg: RunConfig, dm: Any) -> nn.Module:
+        from ..train.lm import build_lm
+
+        return build_lm(cfg, dm.vocab_size)
+
+    def module(self, cfg: RunConfig, dm: Any) -> Any:
+        from ..train.lm import LanguageModelModule
+
+        total = cfg.trainer.max_steps if cfg.step_based else None
+        return LanguageModelModule(
+            self.model(cfg, dm), cfg.optim, cfg.schedule, total, dm.split_bytes, dm.split_targets
+        )
+
+    def on_run_dir(self, cfg: RunConfig, dm: Any, run_dir: Path) -> None:
+        dm.save_tokenizer(run_dir)  # primaldual generate needs only the run directory
+
+    def results(
+        self, cfg: RunConfig, dm: Any, module: Any, protocol: Protocol, best: dict[str, Any], test: dict | None
+    ) -> dict[str, Any]:
+        from ..train.lm import lm_results
+
+        exact = getattr(module, "results", {}).get("test")  # summed in float64, not the logged mean
+        return {"data": data_info(dm), **lm_results(dm, exact if exact is not None else test, best)}
+
+    def report(self, cfg: RunConfig, summary: dict[str, Any], protocol: Protocol) -> str:
+        from ..train.lm import lm_report
+
+        return lm_report(cfg, summary, protocol.label)

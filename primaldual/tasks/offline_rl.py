@@ -1,0 +1,63 @@
+"""Task ``offline_rl``: a (Primal.+) Decision Transformer on D4RL-layout data, evaluated by MuJoCo rollouts.
+
+Its own loop (:func:`primaldual.rl.train.fit_rl`), not a Lightning ``Trainer``: no ``validate`` / ``test`` (the
+rollouts during fit are the evaluation; the final checkpoint is reported). Everything offline RL lives in
+:mod:`primaldual.rl`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..options import check_bool, check_int, check_number
+from ..train.config import ConfigError, RunConfig, path_part
+from .base import Task, register_task
+
+__all__ = ["OfflineRLTask"]
+
+
+@register_task("offline_rl")
+class OfflineRLTask(Task):
+    model_kinds = ("dt",)
+    causal = True
+    sections = ("rl",)
+    compiles = False
+    lightning = False
+
+    def check(self, cfg: RunConfig) -> None:
+        path_part("data.name", cfg.data.name)
+        if cfg.data.max_len is None:
+            raise ConfigError("data.max_len: task 'offline_rl' needs the context K in timesteps (e.g. 20)")
+        r = cfg.rl
+        check_int("rl.max_ep_len", r.max_ep_len, low=1)
+        check_number("rl.return_scale", r.return_scale, low=0, low_open=True)
+        check_int("rl.eval_episodes", r.eval_episodes, low=1)
+        check_int("rl.eval_seed", r.eval_seed, low=0)
+        check_bool("rl.action_tanh", r.action_tanh)
+        t_r = r.target_returns
+        if t_r is not None and not (
+            isinstance(t_r, list | tuple)
+            and t_r
+            and all(not isinstance(x, bool) and isinstance(x, int | float) for x in t_r)
+        ):
+            raise ConfigError(f"rl.target_returns: expected null or a list of numbers, got {t_r!r}")
+
+    table_title = "D4RL normalised score"
+
+    def table_value(self, summary: dict[str, Any]) -> float:
+        return summary["normalized_score_mean"]  # the final checkpoint's: nothing is selected on rollouts
+
+    def table_column(self, protocol: str) -> str:
+        return "final checkpoint"
+
+    def table_notes(self, summaries: list[dict[str, Any]]) -> list[str]:
+        behaviour = {s["dataset"]: s["behaviour_policy"] for s in summaries if s.get("behaviour_policy")}
+        return [
+            f"{d}: behaviour policy normalised score {b['normalized_score_mean']:.2f}" for d, b in behaviour.items()
+        ]
+
+    def fit(self, cfg: RunConfig, run_dir: Path, *, fresh: bool = False, verbose: bool = True) -> dict[str, Any]:
+        from ..rl.train import fit_rl
+
+        return fit_rl(cfg, run_dir, fresh=fresh, verbose=verbose)

@@ -1,0 +1,36 @@
+"""Task ``uea``: multivariate time-series classification on the UEA archive (epoch-based; heldout or paper protocol).
+
+Data: :class:`~primaldual.train.datamodule.UEADataModule` (``.ts`` files by exact name, JapaneseVowels fetched and
+verified on first use). Model: :class:`~primaldual.models.TimeSeriesClassifier` (post-LN, flatten head).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from ..train.config import RunConfig, path_part
+from .base import Task, register_task
+
+__all__ = ["UEATask"]
+
+
+@register_task("uea")
+class UEATask(Task):
+    model_kinds = ("timeseries",)
+    step_based = False
+    protocols = ("heldout", "paper")
+
+    def check(self, cfg: RunConfig) -> None:
+        path_part("data.name", cfg.data.name)
+
+    def datamodule(self, cfg: RunConfig) -> Any:
+        from ..train.datamodule import UEADataModule
+
+        return UEADataModule(cfg.data, cfg.protocol, cfg.seed)
+
+    def model(self, cfg: RunConfig, dm: Any) -> nn.Module:
+        from ..models import TimeSeriesClassifier
+
+        return TimeSeriesClassifier(dm.num_channels, dm.num_classes, dm.max_len, **cfg.model.backbone_kwargs())

@@ -1,0 +1,87 @@
+"""Task ``vision``: ViT / DeiT image classification (step-based, heldout protocol, the ``augment`` section).
+
+Data and the DeiT-recipe Lightning module: :mod:`primaldual.train.vision`. Model:
+:class:`~primaldual.models.VisionClassifier` (pre-LN, CLS token, patches or a convolutional stem).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from ..train.config import ConfigError, RunConfig, path_part
+from .base import Task, register_task
+
+__all__ = ["VISION_IDX_DATASETS", "VisionTask"]
+
+# data.name values read from idx files; every other name is an image-folder tree under data.root
+VISION_IDX_DATASETS: tuple[str, ...] = ("fashion_mnist", "mnist")
+
+
+@register_task("vision")
+class VisionTask(Task):
+    model_kinds = ("vit",)
+    sections = ("augment",)
+    majority_baseline = True
+    keys = (
+        ("data", "image_size"),
+        ("data", "crop_pct"),
+        ("model", "patch_size"),
+        ("model", "drop_path"),
+        ("model", "patch_kernel"),
+        ("model", "stem"),
+    )
+
+    def check(self, cfg: RunConfig) -> None:
+        d, m = cfg.data, cfg.model
+        path_part("data.name", d.name)
+        if d.name not in VISION_IDX_DATASETS and d.image_size is None:
+            raise ConfigError("data.image_size: an image-folder dataset needs the side the model sees (e.g. 224)")
+        if d.image_size is not None and d.image_size % m.patch_size:
+            raise ConfigError(f"model.patch_size: {m.patch_size} must divide data.image_size ({d.image_size})")
+        try:
+            cfg.augment.settings()
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"augment: {e}") from None
+
+    def datamodule(self, cfg: RunConfig) -> Any:
+        from ..train.vision import VisionDataModule
+
+        return VisionDataModule(cfg.data, cfg.seed)
+
+    def model(self, cfg: RunConfig, dm: Any) -> nn.Module:
+        from ..models import VisionClassifier
+        from ..train.lra_data import from_data
+
+        m = cfg.model
+        classes = from_data(m.num_classes, dm.num_classes, "model.num_classes")
+        if dm.image_size % m.patch_size:
+            raise ConfigError(f"model.patch_size: {m.patch_size} must divide the image side ({dm.image_size})")
+        return VisionClassifier(
+            dm.image_size,
+            m.patch_size,
+            classes,
+            in_channels=dm.channels,
+            drop_path=m.drop_path,
+            patch_kernel=m.patch_kernel,
+            stem=m.stem,
+            mean=dm.mean,
+            std=dm.std,
+            **m.backbone_kwargs(),
+        )
+
+    def module(self, cfg: RunConfig, dm: Any) -> Any:
+        from ..train.vision import VisionModule
+
+        total = cfg.trainer.max_steps if cfg.step_based else None
+        return VisionModule(
+            self.model(cfg, dm),
+            cfg.optim,
+            cfg.schedule,
+            total,
+            cfg.augment,
+            num_classes=dm.num_classes,
+            image_size=dm.image_size,
+            seed=cfg.seed,
+        )

@@ -1,0 +1,115 @@
+"""The run directory: its default name, preparing it (``--fresh``, ``config.yaml``), and reading a run's config.
+
+Run directory (default ``runs/<task>/<dataset>/<name>-<protocol>-seed<k>-<config hash>``)::
+
+    config.yaml            the resolved config (a restart with a different config is refused)
+    run.lock               present while a ``fit`` runs (its PID, host, start time and command)
+    history.csv            one row per epoch / evaluation (train / eval metrics), complete across resumes
+    logs/version_<i>/      Lightning CSVLogger output (metrics.csv per step/epoch, hparams.yaml); one per attempt
+    checkpoints/last.ckpt  written after every epoch / evaluation, atomically; the same command resumes from it
+    checkpoints/last.prev.ckpt  the one before (the fallback when last.ckpt is unreadable)
+    checkpoints/best.ckpt  the epoch / evaluation the protocol selects
+    summary.json           the result (protocol label, best epoch or step, test accuracy or perplexity, ...)
+    tokenizer.json / dict.txt   language models: the run's tokenizer (for ``primaldual generate``)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import yaml
+
+from ..utils.io import atomic_write_text
+from .config import ConfigError, RunConfig, dump_config, load_config
+from .lock import LOCK_NAME
+
+__all__ = ["default_run_dir", "is_launcher_process", "prepare_run_dir", "run_config"]
+
+
+def default_run_dir(cfg: RunConfig, base: str | os.PathLike = "runs") -> Path:
+    """``<base>/<task>/<dataset>/<name>-<protocol>-seed<k>-<hash>``: the same command always maps to the same dir."""
+    return Path(base) / cfg.task / cfg.data.name / f"{cfg.name}-{cfg.protocol}-seed{cfg.seed}-{cfg.fingerprint()}"
+
+
+def is_launcher_process() -> bool:
+    """True in the process the user started (not a DDP worker re-launched by Lightning)."""
+    return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0"
+
+
+def _has_progress(run_dir: Path) -> bool:
+    """Whether a run directory holds anything a restart would resume or report (a checkpoint or a summary)."""
+    ck = run_dir / "checkpoints"
+    return (run_dir / "summary.json").is_file() or any(
+        (ck / n).is_file() for n in ("last.ckpt", "last.prev.ckpt", "best.ckpt")
+    )
+
+
+def _clear_run_dir(run_dir: Path) -> None:
+    """Delete everything in ``run_dir`` except the lock this process holds."""
+    for p in run_dir.iterdir():
+        if p.name == LOCK_NAME:
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
+def prepare_run_dir(cfg: RunConfig, run_dir: Path, fresh: bool, verbose: bool) -> None:
+    """``--fresh`` clearing and ``config.yaml`` (written, or compared with the one there). The caller holds the lock."""
+    text = dump_config(cfg)
+    launcher = is_launcher_process()
+    if fresh and run_dir.exists() and launcher:
+        if not (run_dir / "config.yaml").is_file() and any(p.name != LOCK_NAME for p in run_dir.iterdir()):
+            raise ConfigError(
+                f"--fresh refused: {run_dir} is not a run directory (no config.yaml), so nothing in it is deleted; "
+                "pass a run directory, or another --run-dir"
+            )
+        _clear_run_dir(run_dir)
+    saved = run_dir / "config.yaml"
+    if saved.exists() and saved.read_text() != text and _same_run(saved.read_text(), text):
+        if launcher:  # only how it runs changed (compilation, progress bar): the record follows the latest attempt
+            atomic_write_text(saved, text)
+    elif saved.exists() and saved.read_text() != text:
+        if not launcher or _has_progress(run_dir):
+            raise ConfigError(
+                f"{run_dir} holds a run with a different config ({saved}); pass --fresh to start over there "
+                f"or --run-dir to use another directory"
+            )
+        # an earlier attempt that failed before its first checkpoint: nothing to resume, so it is replaced
+        if verbose:
+            print(f"{run_dir}: an earlier attempt with another config left no checkpoint; starting over", flush=True)
+        _clear_run_dir(run_dir)
+    if not saved.exists() and launcher:
+        atomic_write_text(saved, text)
+
+
+# trainer keys that change how a run executes, not what it computes: a resume may switch them
+_HOW_KEYS = ("enable_progress_bar", "compile")
+
+
+def _same_run(saved: str, text: str) -> bool:
+    """Whether two config.yaml texts describe the same run, apart from :data:`_HOW_KEYS`."""
+    try:
+        a, b = yaml.safe_load(saved), yaml.safe_load(text)
+    except yaml.YAMLError:
+        return False
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return False
+    for d in (a, b):
+        for key in _HOW_KEYS:
+            (d.get("trainer") or {}).pop(key, None)
+    return a == b
+
+
+def run_config(run_dir: str | os.PathLike, overrides: list[str] | None = None) -> RunConfig:
+    """The config a run was trained with: its ``config.yaml`` (plus ``overrides``)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run directory {run_dir} not found")
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        raise FileNotFoundError(f"{run_dir}: no config.yaml; expected a run directory written by `primaldual fit`")
+    return load_config(saved, overrides)
