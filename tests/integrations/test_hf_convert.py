@@ -129,12 +129,17 @@ def test_primal_gpt2_generate_equals_greedy_full_forwards(primal_gpt2):
     assert torch.equal(got, _greedy(primal_gpt2, ids, 4, mask))
 
 
-@pytest.mark.parametrize("keyword", ["cache", "past_key_values"])
-def test_the_cache_is_found_under_either_keyword(primal_gpt2, keyword):
-    # transformers 5.24 renamed the attention's ``past_key_values`` argument to ``cache``; both must reach the state
-    from transformers.cache_utils import DynamicCache
+def test_the_cache_is_read_under_the_keyword_resolved_from_the_signature(primal_gpt2):
+    # transformers 5.24 renamed the attention's ``past_key_values`` argument to ``cache``: convert() reads the name
+    import inspect
 
+    from transformers.cache_utils import DynamicCache
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
+
+    params = inspect.signature(GPT2Attention.forward).parameters
+    keyword = "cache" if "cache" in params else "past_key_values"
     layer = primal_gpt2.transformer.h[1].attn
+    assert layer.cache_keyword == keyword
     x = torch.randn(2, 6, primal_gpt2.config.n_embd)  # (B, N, C)
     with torch.no_grad():
         full, _ = layer(x)
@@ -144,6 +149,9 @@ def test_the_cache_is_found_under_either_keyword(primal_gpt2, keyword):
     entry = cache.layers[1]
     assert isinstance(entry, hf.PrimalCacheLayer) and entry.seen == 6
     torch.testing.assert_close(torch.cat([head, last], 1), full, rtol=1e-5, atol=1e-6)
+    other = next(k for k in hf.CACHE_KEYWORDS if k != keyword)
+    with pytest.raises(TypeError, match=f"converted with cache keyword '{keyword}'.*'{other}'"):
+        layer(x, **{other: DynamicCache()})  # another known keyword is an error, not ignored
 
 
 def test_every_layer_primal_generates_and_softmax_conversion_generates_like_the_original():

@@ -11,20 +11,24 @@ Two ways in, as transformers separates "what a layer computes" from "how attenti
 * :func:`register_hf_attentions` (an **attention function**): the parameter-free mechanisms (softmax_bn,
   softmax_sh, softmax_bn_sh, linear, linear_bn, sparse) as ``model.set_attn_implementation("primaldual_<name>")``.
 
+Tested with the transformers releases in :data:`TRANSFORMERS_RANGE` (the ``hf`` extra's range): an older one fails
+at import with an ``ImportError``, a newer one gives an :class:`UntestedTransformersWarning`. Every contact with
+transformers internals is in :mod:`primaldual.integrations.hf.compat`.
+
 ``import primaldual`` never imports transformers; import this module explicitly. See ``docs/integrations.md``.
 """
 
 from __future__ import annotations
 
-try:
-    import transformers  # noqa: F401
-except ImportError as err:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        'primaldual.integrations.hf needs transformers>=5: pip install "primaldual[hf]" (or "transformers>=5")'
-    ) from err
-
 from .architectures import SUPPORTED_MODEL_TYPES
 from .cache import PrimalCacheLayer
+from .compat import (
+    CACHE_KEYWORDS,
+    TRANSFORMERS_RANGE,
+    CacheKeywordError,
+    UntestedTransformersWarning,
+    resolve_cache_keyword,
+)
 from .convert import CONVERSIONS_KEY, convert, converted_layers, from_pretrained
 from .kernels import HF_KERNELS, register_hf_attentions
 from .masks import key_mask_from_hf
@@ -32,12 +36,16 @@ from .modules import HFSelfAttention, primal_prefill_state
 from .trainer import PrimalDualTrainer, add_aux_loss
 
 __all__ = [
+    "CACHE_KEYWORDS",
     "CONVERSIONS_KEY",
     "HF_KERNELS",
     "SUPPORTED_MODEL_TYPES",
+    "TRANSFORMERS_RANGE",
+    "CacheKeywordError",
     "HFSelfAttention",
     "PrimalCacheLayer",
     "PrimalDualTrainer",
+    "UntestedTransformersWarning",
     "add_aux_loss",
     "convert",
     "converted_layers",
@@ -45,4 +53,5 @@ __all__ = [
     "key_mask_from_hf",
     "primal_prefill_state",
     "register_hf_attentions",
+    "resolve_cache_keyword",
 ]

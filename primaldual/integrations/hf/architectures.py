@@ -19,11 +19,12 @@ model type                 blocks                  replaced module              
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch import Tensor, nn
+
+from .compat import model_type_of, positional_arg_names
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "Site", "find_blocks", "read_site"]
 
@@ -60,9 +61,7 @@ class Site:
     @property
     def arg_names(self) -> tuple[str, ...]:
         """The replaced forward's parameters after ``hidden_states`` that can be passed positionally."""
-        params = list(inspect.signature(type(self.module).forward).parameters.values())[2:]  # skip self, hidden
-        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        return tuple(p.name for p in params if p.kind in kinds)
+        return positional_arg_names(self.module)
 
 
 class LayoutError(ValueError):
@@ -173,8 +172,7 @@ SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_FAMILIES))
 
 
 def _model_type(model: nn.Module) -> str:
-    config = getattr(model, "config", None)
-    model_type = getattr(config, "model_type", None)
+    model_type = model_type_of(model)
     if model_type not in _FAMILIES:
         raise ValueError(
             f"unsupported architecture: model type {model_type!r} ({type(model).__name__}); "

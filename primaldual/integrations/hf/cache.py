@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from transformers.cache_utils import Cache, DynamicLayer, EncoderDecoderCache
 
 from ...attention.primal import PrimalState
+from .compat import Cache, DynamicLayer, cache_entry, is_plain_dynamic_layer, self_attention_cache, set_cache_entry
 
 __all__ = ["PrimalCacheLayer", "primal_cache_layer", "self_attention_cache"]
 
@@ -104,34 +104,18 @@ class PrimalCacheLayer(DynamicLayer):
             self._map(lambda t: t.to(device, non_blocking=True))
 
 
-def self_attention_cache(past_key_values: Any) -> Cache:
-    """The self-attention part of ``past_key_values`` (an ``EncoderDecoderCache`` holds two caches)."""
-    if isinstance(past_key_values, EncoderDecoderCache):
-        return past_key_values.self_attention_cache
-    if not isinstance(past_key_values, Cache):
-        raise TypeError(
-            f"past_key_values must be a transformers Cache (e.g. DynamicCache), got {type(past_key_values).__name__}"
-        )
-    return past_key_values
-
-
 def primal_cache_layer(cache: Cache, layer_idx: int) -> PrimalCacheLayer:
     """The :class:`PrimalCacheLayer` at ``layer_idx``, installed in place of a still empty ``DynamicLayer``."""
-    if cache.layer_class_to_replicate is not None:  # lazily grown caches: create the entries up to ours
-        while len(cache.layers) <= layer_idx:
-            cache.layers.append(cache.layer_class_to_replicate())
-    if layer_idx >= len(cache.layers):
-        raise ValueError(f"the cache has {len(cache.layers)} layers; a converted primal layer needs entry {layer_idx}")
-    entry = cache.layers[layer_idx]
+    entry = cache_entry(cache, layer_idx)
     if isinstance(entry, PrimalCacheLayer):
         return entry
-    if type(entry) is not DynamicLayer or entry.get_seq_length() > 0:
+    if not is_plain_dynamic_layer(entry) or entry.get_seq_length() > 0:
         raise TypeError(
             f"cache entry {layer_idx} is a {type(entry).__name__}"
-            + (" that already holds keys and values" if type(entry) is DynamicLayer else "")
+            + (" that already holds keys and values" if is_plain_dynamic_layer(entry) else "")
             + "; a converted primal layer needs a fresh DynamicCache (static, sliding-window, quantized and "
             "offloaded caches are not supported)"
         )
     entry = PrimalCacheLayer()
-    cache.layers[layer_idx] = entry
+    set_cache_entry(cache, layer_idx, entry)
     return entry

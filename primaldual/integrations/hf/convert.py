@@ -23,6 +23,14 @@ from torch import nn
 
 from ..torch_nn import attention_from_projections, check_causal_capability, resolve_layer_indices
 from .architectures import find_blocks, read_site
+from .compat import (
+    concrete_model_class,
+    config_value,
+    is_pretrained_model,
+    model_type_of,
+    resolve_cache_keyword,
+    set_config_value,
+)
 from .modules import HFSelfAttention
 
 __all__ = ["CONVERSIONS_KEY", "convert", "converted_layers", "from_pretrained"]
@@ -63,26 +71,28 @@ def convert(
         TypeError: ``model`` is not a transformers ``PreTrainedModel``; an option is not JSON-serialisable.
         ValueError: an unsupported architecture; a mechanism that cannot be causal in a causal model (or the
             reverse); a layer converted twice.
+        CacheKeywordError: (a ``ValueError``) the replaced module's forward takes a cache-like parameter that is
+            not a known cache keyword, or a causal one takes none (see
+            :func:`~primaldual.integrations.hf.compat.resolve_cache_keyword`).
         IndexError: a layer index out of range.
         KeyError: an unknown mechanism.
     """
-    from transformers import PreTrainedModel
-
-    if not isinstance(model, PreTrainedModel):
+    if not is_pretrained_model(model):
         raise TypeError(f"model must be a transformers PreTrainedModel, got {type(model).__name__}")
     _check_options(options)
     path, blocks = find_blocks(model)
     chosen = resolve_layer_indices(layers, len(blocks))
-    sites = []
+    sites, cache_keywords = [], []
     for i in chosen:  # validate everything before touching the model
         current = getattr(blocks[i], "attn", None) or getattr(blocks[i], "attention", None)
         if isinstance(current, HFSelfAttention):
             raise ValueError(f"layers: layer {i} ({path}.{i}) is already converted")
         site = read_site(model, blocks[i], i)
-        check_causal_capability(attention, site.causal, f"layer {i} of this {model.config.model_type} model")
+        check_causal_capability(attention, site.causal, f"layer {i} of this {model_type_of(model)} model")
+        cache_keywords.append(resolve_cache_keyword(site.module, causal=site.causal))
         sites.append(site)
     new = []
-    for site in sites:
+    for site, cache_keyword in zip(sites, cache_keywords):
         layer = attention_from_projections(
             attention,
             num_heads=site.num_heads,
@@ -101,6 +111,7 @@ def convert(
             HFSelfAttention(
                 layer,
                 arg_names=site.arg_names,
+                cache_keyword=cache_keyword,
                 layer_idx=site.layer_idx,
                 norm=site.norm,
                 source=type(site.module).__name__,
@@ -108,9 +119,9 @@ def convert(
         )
     for i, site, module in zip(chosen, sites, new):
         setattr(blocks[i], site.attr, module)
-    record = list(getattr(model.config, CONVERSIONS_KEY, None) or [])
+    record = list(config_value(model, CONVERSIONS_KEY) or [])
     record.append({"attention": attention, "layers": chosen, "options": dict(options)})
-    setattr(model.config, CONVERSIONS_KEY, record)
+    set_config_value(model, CONVERSIONS_KEY, record)
     return model
 
 
@@ -121,8 +132,8 @@ def converted_layers(model: nn.Module) -> dict[str, HFSelfAttention]:
 
 def _reapply_conversions(model: nn.Module) -> None:
     """Apply the conversions recorded in ``model.config`` (as :func:`convert` records them) to a fresh model."""
-    conversions = list(getattr(model.config, CONVERSIONS_KEY, None) or [])
-    setattr(model.config, CONVERSIONS_KEY, [])  # convert records each one again
+    conversions = list(config_value(model, CONVERSIONS_KEY) or [])
+    set_config_value(model, CONVERSIONS_KEY, [])  # convert records each one again
     for spec in conversions:
         convert(model, spec["attention"], layers=spec["layers"], **spec["options"])
 
@@ -143,14 +154,7 @@ def from_pretrained(model_class: type, path: str | os.PathLike, *args: Any, **kw
         path: what ``model_class.from_pretrained`` accepts (a ``save_pretrained`` directory, a hub id).
         args, kwargs: passed to ``from_pretrained``.
     """
-    from transformers import AutoConfig, PreTrainedModel
-
-    if not (isinstance(model_class, type) and issubclass(model_class, PreTrainedModel)):
-        mapping = getattr(model_class, "_model_mapping", None)  # AutoModel* classes
-        if mapping is None:
-            raise TypeError(f"model_class must be a transformers model class, got {model_class!r}")
-        config = kwargs.get("config") or AutoConfig.from_pretrained(path)
-        model_class = mapping[type(config)]
+    model_class = concrete_model_class(model_class, path, kwargs)
 
     def __init__(self: nn.Module, config: Any, *a: Any, **kw: Any) -> None:
         model_class.__init__(self, config, *a, **kw)

@@ -32,6 +32,7 @@ from torch import Tensor
 from ...attention.base import QKVAttention
 from ...attention.registry import attention_options, build_attention
 from ..torch_nn import check_causal_capability
+from .compat import is_plain_mask_function, module_is_causal, register_attention_implementation
 from .masks import attentions_requested, key_mask_from_hf
 
 __all__ = ["HF_KERNELS", "hf_attention_function", "hf_mask_function", "register_hf_attentions"]
@@ -82,7 +83,7 @@ def hf_attention_function(name: str) -> Callable[..., tuple[Tensor, Tensor | Non
         dropout: float = 0.0,
         **kwargs: Any,
     ) -> tuple[Tensor, Tensor | None]:
-        causal = bool(getattr(module, "is_causal", False))
+        causal = module_is_causal(module)
         check_causal_capability(name, causal, f"attention module {type(module).__name__}")
         B, H, Nq, D = query.shape
         Nk = key.shape[2]
@@ -112,7 +113,6 @@ def hf_attention_function(name: str) -> Callable[..., tuple[Tensor, Tensor | Non
 
 def hf_mask_function(name: str) -> Callable[..., Tensor | None]:
     """The ``AttentionMaskInterface`` function: the 2-D padding mask ``(B, Nk)``, True = real token, or None."""
-    from transformers.masking_utils import bidirectional_mask_function, causal_mask_function
 
     def mask(
         batch_size: int,
@@ -124,7 +124,7 @@ def hf_mask_function(name: str) -> Callable[..., Tensor | None]:
         attention_mask: Tensor | None = None,
         **kwargs: Any,
     ) -> Tensor | None:
-        if mask_function not in (None, causal_mask_function, bidirectional_mask_function):
+        if not is_plain_mask_function(mask_function):
             raise ValueError(
                 f"attention implementation {_PREFIX}{name} supports causal or bidirectional masks with padding; "
                 f"this model asks for another pattern ({getattr(mask_function, '__name__', mask_function)!r}: "
@@ -157,9 +157,6 @@ def register_hf_attentions(
     Returns:
         The registered implementation names (``["primaldual_softmax_bn", ...]``).
     """
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
     names = list(HF_KERNELS if names is None else names)
     for name in names:
         if name not in HF_KERNELS:
@@ -181,8 +178,7 @@ def register_hf_attentions(
     registered = []
     for name in names:
         _OPTIONS[name] = dict((options or {}).get(name, {}))
-        AttentionInterface.register(f"{_PREFIX}{name}", hf_attention_function(name))
-        AttentionMaskInterface.register(f"{_PREFIX}{name}", hf_mask_function(name))
+        register_attention_implementation(f"{_PREFIX}{name}", hf_attention_function(name), hf_mask_function(name))
         registered.append(f"{_PREFIX}{name}")
     _LAYERS.clear()
     return registered

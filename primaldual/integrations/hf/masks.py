@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from ..torch_nn import key_mask_from_attention_mask
+from .compat import active_output_collector
 
 __all__ = ["attentions_requested", "key_mask_from_hf", "record_attentions"]
 
@@ -63,33 +64,22 @@ def key_mask_from_hf(
     )
 
 
-def _collector() -> dict | None:
-    """transformers' active output collector (``output_attentions`` / ``output_hidden_states``), if any."""
-    try:
-        from transformers.utils.output_capturing import _active_collector
-
-        collected = _active_collector.get()
-    except Exception:  # pragma: no cover - transformers internals moved
-        return None
-    return collected if isinstance(collected, dict) else None
-
-
 def attentions_requested(kwargs: dict[str, Any]) -> bool:
     """Whether the caller wants attention weights back (``output_attentions``).
 
     Some models pass ``output_attentions=True`` down to their attention modules; others (GPT-2 in transformers 5)
     consume the flag and collect weights through forward hooks while a collector is active. Both are honoured;
-    the collector is read through transformers' output-capturing context (a private detail, so a failure to read
-    it means "not requested").
+    the collector is a private detail of transformers (read by ``compat.active_output_collector``), and a
+    collector that cannot be read raises instead of counting as "not requested".
     """
     if kwargs.get("output_attentions"):
         return True
-    collected = _collector()
+    collected = active_output_collector()
     return collected is not None and "attentions" in collected
 
 
 def record_attentions(weights: Tensor | None) -> None:
     """Hand a converted layer's weights to transformers' collector (what its hooks do for the original modules)."""
-    collected = _collector()
+    collected = active_output_collector()
     if weights is not None and collected is not None and "attentions" in collected:
         collected["attentions"].append(weights)

@@ -2,10 +2,12 @@
 
 :class:`HFSelfAttention` wraps a primaldual layer (``(B, N, C) -> (B, N, C)``, query / key / value / output weights
 copied from the original) and accepts the forward signature of the module it replaced: its positional parameter
-names are recorded at conversion, so ``GPT2Attention(hidden_states, cache, attention_mask, ...)`` (``past_key_values``
-before transformers 5.24),
+names are recorded at conversion, so ``GPT2Attention(hidden_states, cache, attention_mask, ...)``,
 ``BertAttention(hidden_states, attention_mask, encoder_hidden_states, ...)`` and ``ViTAttention(hidden_states,
-attention_mask)`` calls all bind the same way. It returns ``(hidden_states, attention_weights or None)``, as those
+attention_mask)`` calls all bind the same way. The keyword that carries the cache (``cache`` from transformers 5.24,
+``past_key_values`` before) is resolved from that signature at conversion too
+(:func:`~primaldual.integrations.hf.compat.resolve_cache_keyword`) and is the only one read; another known cache
+keyword in a call is an error, never ignored. It returns ``(hidden_states, attention_weights or None)``, as those
 modules do in transformers 5.
 
 * **Masks**: the model's mask, in whatever form its attention implementation produces, is converted by
@@ -29,7 +31,8 @@ from torch import Tensor, nn
 
 from ...attention.base import AttentionLayer
 from ...attention.primal import PrimalAttention, PrimalState
-from .cache import primal_cache_layer, self_attention_cache
+from .cache import primal_cache_layer
+from .compat import CACHE_KEYWORDS, self_attention_cache
 from .masks import attentions_requested, key_mask_from_hf, record_attentions
 
 __all__ = ["HFSelfAttention", "primal_prefill_state"]
@@ -47,6 +50,8 @@ class HFSelfAttention(nn.Module):
         layer: the primaldual attention (weights already copied).
         arg_names: the replaced module's forward parameters after ``hidden_states``, in order (how positional
             arguments are bound).
+        cache_keyword: the replaced forward's cache parameter (``"cache"``, ``"past_key_values"``), or None when it
+            takes no cache (bidirectional modules only).
         layer_idx: the layer's index in the model's cache (causal models).
         norm: the residual ``LayerNorm`` of a post-norm output block (BERT), or None.
         source: the replaced module's class name (for ``repr`` and errors).
@@ -57,6 +62,7 @@ class HFSelfAttention(nn.Module):
         layer: AttentionLayer,
         *,
         arg_names: tuple[str, ...],
+        cache_keyword: str | None,
         layer_idx: int | None,
         norm: nn.Module | None = None,
         source: str = "",
@@ -65,6 +71,11 @@ class HFSelfAttention(nn.Module):
         self.attn = layer
         self.norm = norm
         self.arg_names = tuple(arg_names)
+        if cache_keyword is None and layer.causal:
+            raise ValueError("cache_keyword: a causal layer needs the keyword its cache arrives under, got None")
+        if cache_keyword is not None and cache_keyword not in CACHE_KEYWORDS:
+            raise ValueError(f"cache_keyword must be one of {list(CACHE_KEYWORDS)} or None, got {cache_keyword!r}")
+        self.cache_keyword = cache_keyword
         self.layer_idx = layer_idx
         self.source = source
         self.is_causal = bool(layer.causal)
@@ -94,8 +105,7 @@ class HFSelfAttention(nn.Module):
                 "(encoder_hidden_states) is not supported"
             )
         mask = bound.get("attention_mask")
-        # transformers >= 5.24 passes the cache as ``cache``; earlier 5.x releases as ``past_key_values``
-        cache = bound.get("cache", bound.get("past_key_values"))
+        cache = self._cache(bound)
         need_weights = attentions_requested(bound) and type(self.attn).capabilities.weights
         x = hidden_states
         B, N, _ = x.shape
@@ -110,6 +120,16 @@ class HFSelfAttention(nn.Module):
             out = self.norm(out + hidden_states)
         record_attentions(weights)
         return out, weights
+
+    def _cache(self, bound: dict[str, Any]) -> Any:
+        """The cache passed under the resolved keyword; a cache under another known keyword is an error."""
+        stray = [k for k in CACHE_KEYWORDS if k != self.cache_keyword and bound.get(k) is not None]
+        if stray:
+            raise TypeError(
+                f"{self.source or 'this module'} was converted with cache keyword {self.cache_keyword!r} (from its "
+                f"forward signature), but got a cache as {stray}"
+            )
+        return None if self.cache_keyword is None else bound.get(self.cache_keyword)
 
     def _run(self, x: Tensor, key_mask: Tensor | None, need_weights: bool) -> tuple[Tensor, Tensor | None]:
         if need_weights:
@@ -145,4 +165,4 @@ class HFSelfAttention(nn.Module):
         return out[:, T - N :], None if weights is None else weights[:, :, T - N :]
 
     def extra_repr(self) -> str:
-        return f"source={self.source!r}, layer_idx={self.layer_idx}"
+        return f"source={self.source!r}, layer_idx={self.layer_idx}, cache_keyword={self.cache_keyword!r}"

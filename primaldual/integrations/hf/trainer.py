@@ -16,9 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 from torch import Tensor, nn
-from transformers import Trainer
 
 from ...aux_loss import collect_aux_loss
+from .compat import Trainer, trainer_accumulation_steps, trainer_loss_is_normalised
 
 __all__ = ["PrimalDualTrainer", "add_aux_loss"]
 
@@ -41,14 +41,6 @@ class PrimalDualTrainer(Trainer):
         self._aux_total: Tensor | float = 0.0  # summed on the device; read (one sync) only when logging
         self._aux_steps = 0
 
-    def _loss_normalised_over_accumulation(self, num_items_in_batch: Any) -> bool:
-        """Whether the Trainer will *not* divide this loss by the accumulation steps (mirrors its rule)."""
-        flag = getattr(self, "loss_is_scaled_for_ga", None)
-        if flag is not None:
-            return bool(flag)
-        accepts = bool(getattr(self, "model_accepts_loss_kwargs", False))
-        return (accepts and num_items_in_batch is not None) or getattr(self, "compute_loss_func", None) is not None
-
     def compute_loss(
         self,
         model: nn.Module,
@@ -63,8 +55,8 @@ class PrimalDualTrainer(Trainer):
             aux = aux.to(loss.device, loss.dtype)
             self._aux_total = self._aux_total + aux.detach()
             self._aux_steps += 1
-            if self._loss_normalised_over_accumulation(num_items_in_batch):
-                aux = aux / getattr(self, "current_gradient_accumulation_steps", 1)
+            if trainer_loss_is_normalised(self, num_items_in_batch):
+                aux = aux / trainer_accumulation_steps(self)
             loss = loss + aux
         return (loss, outputs) if return_outputs else loss
 
