@@ -34,7 +34,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..data.cache import dataset_dir
-from ..train.config import ConfigError, DataConfig, RunConfig, path_part
+from ..train.config import ConfigError, DataConfig, RunConfig
+from ..train.validate import path_part
 from .base import Task, register_task
 
 __all__ = ["LRA_DATASETS", "LRATask", "build_lra_splits"]

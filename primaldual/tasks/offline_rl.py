@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from ..options import check_bool, check_int, check_number
-from ..train.config import ConfigError, RunConfig, path_part
+from ..train.config import ConfigError, RunConfig
+from ..train.validate import path_part
 from .base import Task, register_task
 
 __all__ = ["OfflineRLTask"]

@@ -10,7 +10,8 @@ from typing import Any
 
 from torch import nn
 
-from ..train.config import ConfigError, RunConfig, path_part
+from ..train.config import ConfigError, RunConfig
+from ..train.validate import path_part
 from .base import Task, register_task
 
 __all__ = ["VISION_IDX_DATASETS", "VisionTask"]

@@ -23,7 +23,7 @@ other. Command-line overrides are set before references are resolved, so a refer
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,54 +48,40 @@ class SearchPath:
     """The folders names are looked up in, first wins: ``config_dir``, ``./configs``, the shipped configs."""
 
     def __init__(self, config_dir: str | os.PathLike | None = None) -> None:
-        roots = []
-        if config_dir is not None:
-            if not Path(config_dir).is_dir():
-                raise ComposeError(f"--config-dir: {config_dir} is not a directory")
-            roots.append(Path(config_dir))
-        if (Path.cwd() / "configs").is_dir():
-            roots.append(Path.cwd() / "configs")
-        roots.append(PACKAGE_CONFIGS)
-        self.roots = list(dict.fromkeys(r.resolve() for r in roots))
+        if config_dir is not None and not Path(config_dir).is_dir():
+            raise ComposeError(f"--config-dir: {config_dir} is not a directory")
+        roots = [Path(config_dir)] if config_dir is not None else []
+        roots += [Path.cwd() / "configs"] if (Path.cwd() / "configs").is_dir() else []
+        self.roots = list(dict.fromkeys(r.resolve() for r in [*roots, PACKAGE_CONFIGS]))
 
-    def find(self, rel: str | Path) -> Path | None:
+    def find(self, rel: str) -> Path | None:
         """The first file ``rel`` (relative to a root) on the search path."""
         return next((r / rel for r in self.roots if (r / rel).is_file()), None)
 
-    def stems(self, folder: str | Path) -> list[str]:
-        """The ``*.yaml`` stems of ``folder`` in every root."""
-        return sorted({p.stem for r in self.roots if (r / folder).is_dir() for p in (r / folder).glob("*.yaml")})
+    def names(self, family: str, folder: str) -> list[str]:
+        """The parts of a family's group folder (``_tasks``, ``_models``, ``_budgets``), over every root."""
+        return sorted({p.stem for r in self.roots for p in (r / family / folder).glob("*.yaml")})
 
     def show(self, path: Path) -> str:
         """A file as messages name it: relative to its root."""
-        for r in self.roots:
-            if path.resolve().is_relative_to(r):
-                return path.resolve().relative_to(r).as_posix()
-        return str(path)
+        root = next((r for r in self.roots if path.resolve().is_relative_to(r)), None)
+        return path.resolve().relative_to(root).as_posix() if root else str(path)
 
     def is_fragment(self, path: Path) -> bool:
-        return any(p.startswith("_") for p in Path(self.show(path)).parts) and self.show(path) != str(path)
+        rel = self.show(path)
+        return rel != str(path) and any(p.startswith("_") for p in Path(rel).parts)
 
-    def families(self) -> list[str]:
-        """Folders (relative) that hold a ``_base.yaml`` in some root."""
-        out = set()
-        for r in self.roots:
-            for base in r.rglob(BASE):
-                rel = base.parent.relative_to(r)
-                if not any(p.startswith("_") for p in rel.parts):
-                    out.add(rel.as_posix())
-        return sorted(out)
-
-    def names(self, family: str, folder: str) -> list[str]:
-        return self.stems(f"{family}/{folder}")
-
-    def files(self) -> Iterable[str]:
-        """Names of the plain config files (no fragments)."""
+    def configs(self) -> tuple[set[str], set[str]]:
+        """The plain config files (names, no fragments) and the families (folders holding ``_base.yaml``)."""
+        files, families = set(), set()
         for r in self.roots:
             for p in r.rglob("*.yaml"):
                 rel = p.relative_to(r)
                 if not any(part.startswith("_") for part in rel.parts):
-                    yield rel.with_suffix("").as_posix()
+                    files.add(rel.with_suffix("").as_posix())
+                elif p.name == BASE and not any(part.startswith("_") for part in rel.parent.parts):
+                    families.add(rel.parent.as_posix())
+        return files, families
 
 
 @dataclass(frozen=True)
@@ -108,15 +94,10 @@ class Composed:
     model: str
     budget: str | None
 
-    @property
-    def run_name(self) -> str:
-        return self.model if self.budget is None else f"{self.model}_{self.budget}"
-
 
 @dataclass
 class Composition:
-    """The result of :func:`compose`: plain values (references resolved), the files in merge order, and how to name
-    the config in messages."""
+    """What :func:`compose` returns: plain values (references resolved), the files in merge order, a label."""
 
     values: dict[str, Any]
     sources: list[str]
@@ -125,37 +106,28 @@ class Composition:
 
 def lookup(spec: str, search: SearchPath) -> Path | Composed | None:
     """A file (a path, or a name on the search path, fragments included) or a composed name."""
-    p = Path(spec).expanduser()
-    if p.is_file():
-        return p
+    if Path(spec).expanduser().is_file():
+        return Path(spec).expanduser()
     found = search.find(spec) or search.find(f"{spec}.yaml")
-    return found if found is not None else composed_name(spec, search)
-
-
-def composed_name(name: str, search: SearchPath) -> Composed | None:
-    parts = name.strip("/").split("/")
-    if any(not p or p.startswith("_") or p in (".", "..") for p in parts):
-        return None
-    for with_budget in (False, True):
-        n = 3 + with_budget
-        if len(parts) < n:
-            continue
-        family = "/".join(parts[: len(parts) - n + 1])
-        task, model, budget = parts[-n + 1], parts[-1], parts[-2] if with_budget else None
-        wanted = {TASKS: task, MODELS: model, **({BUDGETS: budget} if budget else {})}
-        if search.find(f"{family}/{BASE}") and all(s in search.names(family, f) for f, s in wanted.items()):
-            return Composed(name.strip("/"), family, task, model, budget)
+    parts = spec.strip("/").split("/")
+    if found is not None or any(not p or p.startswith("_") or p in (".", "..") for p in parts):
+        return found
+    for n in (3, 4):  # <family>/<task>/<model>, then <family>/<task>/<budget>/<model>
+        if len(parts) >= n:
+            family, task, model = "/".join(parts[: len(parts) - n + 1]), parts[-n + 1], parts[-1]
+            budget = parts[-2] if n == 4 else None
+            wanted = {TASKS: task, MODELS: model, **({BUDGETS: budget} if budget else {})}
+            if search.find(f"{family}/{BASE}") and all(x in search.names(family, f) for f, x in wanted.items()):
+                return Composed(spec.strip("/"), family, task, model, budget)
     return None
 
 
 def not_found(spec: str, search: SearchPath) -> ComposeError:
     hint = ""
-    for fam in search.families():
-        if spec.startswith(fam + "/") and len(spec.strip("/").split("/")) >= 3:
-            names = {k: search.names(fam, f) for k, f in (("tasks", TASKS), ("models", MODELS), ("budgets", BUDGETS))}
-            hint = f"; {fam}/<task>/[<budget>/]<model> is composed from " + ", ".join(
-                f"{k} {v}" for k, v in names.items()
-            )
+    for fam in sorted(search.configs()[1]):
+        if spec.startswith(fam + "/") and spec.count("/") >= 2:
+            parts = ", ".join(f"{f[1:]} {search.names(fam, f)}" for f in (TASKS, MODELS, BUDGETS))
+            hint = f"; {fam}/<task>/[<budget>/]<model> is composed from {parts}"
     where = ", ".join(map(str, search.roots))
     return ComposeError(
         f"config {spec!r} not found (neither a file nor a name under {where}{hint}; see `primaldual configs`)"
@@ -165,26 +137,20 @@ def not_found(spec: str, search: SearchPath) -> ComposeError:
 def read(path: Path) -> dict[str, Any]:
     try:
         values = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ComposeError(f"{path}: not valid YAML: {e}") from None
-    except OSError as e:
-        raise ComposeError(f"{path}: cannot read: {e}") from None
-    if values is None:
-        return {}
-    if not isinstance(values, dict):
+    except (yaml.YAMLError, OSError) as e:
+        what = "not valid YAML" if isinstance(e, yaml.YAMLError) else "cannot read"
+        raise ComposeError(f"{path}: {what}: {e}") from None
+    if not isinstance(values, dict | None):
         raise ComposeError(f"{path}: expected a mapping at the top level, got {type(values).__name__}")
-    return values
+    return values or {}
 
 
 class _Composer:
-    """Merges the files of one spec, recording them (in merge order) for ``describe_config``.
+    """Merges the files of one spec, recording them (in merge order); ``check(values, path, maps, fragment)`` is the
+    caller's schema check of one file."""
 
-    ``check(values, path, maps)`` is the schema check of one file's keys (the caller's: it knows the sections)."""
-
-    def __init__(self, search: SearchPath, check: Any) -> None:
-        self.search, self.check = search, check
-        self.sources: list[str] = []
-        self.named = False  # whether the file named on the command line sets ``name`` itself
+    def __init__(self, search: SearchPath, check: Callable[..., None]) -> None:
+        self.search, self.check, self.sources, self.named = search, check, [], False
 
     def file(self, path: Path, stack: tuple[str, ...], maps: tuple[str, ...] = ()) -> DictConfig:
         """A file's values merged over its ``defaults`` (recursively)."""
@@ -194,9 +160,7 @@ class _Composer:
         self.check(raw, path, maps, self.search.is_fragment(path))
         if len(stack) == 1:
             if not raw:  # a full default run (width 512, 100 epochs) is never what an empty file meant
-                raise ComposeError(
-                    f"{path}: empty (no keys); a config sets at least its task, or builds on one with defaults"
-                )
+                raise ComposeError(f"{path}: empty (no keys); a config sets its task, or builds on one with defaults")
             self.named = "name" in raw
         values = OmegaConf.create()
         for entry in raw.pop("defaults", None) or []:
@@ -206,13 +170,10 @@ class _Composer:
 
     def entry(self, entry: str, including: Path, stack: tuple[str, ...]) -> DictConfig:
         """One ``defaults`` entry: a ``.yaml`` path relative to ``including``, or a config name."""
-        if entry.endswith(".yaml"):
-            p = Path(entry).expanduser()
-            target: Path | Composed | None = p if p.is_absolute() else including.parent / p
-            target = target if target.is_file() else None
-        else:
-            target = lookup(entry, self.search)
-        if target is None:
+        target = (
+            lookup(entry, self.search) if not entry.endswith(".yaml") else including.parent / Path(entry).expanduser()
+        )
+        if target is None or (isinstance(target, Path) and not target.is_file()):
             raise ComposeError(f"{including}: defaults entry {entry!r} not found (neither a file nor a config name)")
         if isinstance(target, Composed):
             return self.composed(target, stack)
@@ -231,18 +192,17 @@ class _Composer:
         task = self.file(task_path, stack, maps=tuple(MAPS))
         per = {k: task.pop(k, None) or {} for k in MAPS}
         values = merge(values, task)
-        values = merge(values, self.file(self.search.find(f"{c.family}/{MODELS}/{c.model}.yaml"), stack))
-        if c.budget is not None:
-            values = merge(values, self.file(self.search.find(f"{c.family}/{BUDGETS}/{c.budget}.yaml"), stack))
+        for folder, name in ((MODELS, c.model), (BUDGETS, c.budget)):
+            if name is not None:
+                values = merge(values, self.file(self.search.find(f"{c.family}/{folder}/{name}.yaml"), stack))
         for key, name in (("models", c.model), ("budgets", c.budget)):
             known = self.search.names(c.family, MAPS[key])
-            for entry in per[key]:
-                if entry not in known:
-                    raise ComposeError(f"{task_path}: {key}: unknown {key[:-1]} {entry!r}; expected one of {known}")
+            if unknown := [e for e in per[key] if e not in known]:
+                raise ComposeError(f"{task_path}: {key}: unknown {key[:-1]} {unknown[0]!r}; expected one of {known}")
             if name is not None and per[key].get(name):
                 values = merge(values, per[key][name])
                 self.sources.append(f"{self.search.show(task_path)} ({key}.{name})")
-        values["name"] = c.run_name
+        values["name"] = c.model if c.budget is None else f"{c.model}_{c.budget}"
         return values
 
 
@@ -253,81 +213,69 @@ def _enter(key: str, stack: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def merge(into: DictConfig, new: dict[str, Any] | DictConfig) -> DictConfig:
-    """``OmegaConf.merge`` plus the plan rule: a later ``model.plan`` drops ``model.attention`` (and the other way
-    round). An empty section (``model:`` with nothing under it) changes nothing."""
-    new = OmegaConf.create({k: v for k, v in _items(new) if not (v is None and (k == "vars" or k in _sections()))})
+    """``OmegaConf.merge`` plus two rules of the project: an empty section (``model:`` with nothing under it)
+    changes nothing, and a later ``model.plan`` drops ``model.attention`` (and the other way round)."""
+    new = OmegaConf.create(new)
+    for k in [k for k in new if new._get_node(k)._is_none() and isinstance(into.get(k), DictConfig)]:
+        new.pop(k)
     model, incoming = into.get("model"), new.get("model")
     if isinstance(model, DictConfig) and isinstance(incoming, DictConfig):
-        drop = ("attention", "attention_options") if "plan" in incoming else ()
-        if not drop and {"attention", "attention_options"} & set(incoming.keys()):
-            drop = PLAN_KEYS
-        for k in drop:
-            model.pop(k, None)
+        plan = "plan" in incoming
+        if plan or {"attention", "attention_options"} & set(incoming.keys()):
+            for k in ("attention", "attention_options") if plan else PLAN_KEYS:
+                model.pop(k, None)
     return OmegaConf.merge(into, new)
 
 
-def _items(d: dict[str, Any] | DictConfig) -> Iterable[tuple[str, Any]]:
-    if isinstance(d, DictConfig):
-        return ((k, d._get_node(k)) for k in d)  # nodes, so that ${...} and ??? are carried unresolved
-    return d.items()
-
-
-def _sections() -> tuple[str, ...]:
-    return ("data", "model", "optim", "schedule", "trainer", "rl", "augment")
-
-
 def compose(
-    spec: str, search: SearchPath, check: Any, overrides: list[tuple[str, Any]] = (), known: Any = None
+    spec: str,
+    search: SearchPath,
+    check: Callable[..., None],
+    overrides: Iterable[tuple[str, Any]] = (),
+    known: Callable[[str], bool] = lambda key: True,
 ) -> Composition:
-    """Merged, resolved values of a config file or name (see the module docstring).
-
-    ``check(values, path, maps, fragment)``: the schema check of one file. ``overrides``: parsed ``(key, value)``
-    pairs, set before references are resolved, where ``known(key)`` says the key exists (the rest is reported later,
-    on the built config).
-    """
+    """Merged, resolved values of a config file or name. ``overrides``: ``(dotted key, value)`` pairs set before
+    references are resolved, for the keys ``known`` accepts (the rest are the caller's to report)."""
     target = lookup(spec, search)
     if target is None:
         raise not_found(spec, search)
     composer = _Composer(search, check)
     if isinstance(target, Composed):
         values, label = composer.composed(target, ()), target.name
+    elif search.is_fragment(target):
+        raise ComposeError(
+            f"{spec!r} is a fragment ({search.show(target)}), a part of composed configs, not a runnable config; "
+            "run a name from `primaldual configs`, e.g. <family>/<task>/<model>"
+        )
     else:
-        if search.is_fragment(target):
-            raise ComposeError(
-                f"{spec!r} is a fragment ({search.show(target)}), a part of composed configs, not a runnable config; "
-                "run a name from `primaldual configs`, e.g. <family>/<task>/<model>"
-            )
         values, label = composer.file(target, ()), str(target)
         if not composer.named:  # a file's run name defaults to its stem
             values["name"] = target.stem
     origin = f"{label} (from {', '.join(composer.sources)})" if len(composer.sources) > 1 else label
     for key, value in overrides:
-        if known is None or known(key):
-            _set(values, key, value)
-    missing_msg = "no value given (??? marks a value a task or model file must set)"
+        if known(key):
+            _set(values, key.split("."), value)
+    missing = "no value given (??? marks a value a task or model file must set)"
     try:
         plain = OmegaConf.to_container(values, resolve=True)
     except InterpolationToMissingValueError as e:
-        raise ComposeError(f"{origin}: {e.full_key}: {missing_msg}") from None
+        raise ComposeError(f"{origin}: {e.full_key}: {missing}") from None
     except OmegaConfBaseException as e:
-        raise ComposeError(f"{origin}: {_message(e)}") from None
+        key = getattr(e, "full_key", None)
+        raise ComposeError(f"{origin}: {key + ': ' if key else ''}{str(e).splitlines()[0]}") from None
     plain.pop("vars", None)
-    missing = _find_missing(plain)
-    if missing is not None:
-        raise ComposeError(f"{origin}: {missing}: {missing_msg}")
+    if (at := _find_missing(plain)) is not None:
+        raise ComposeError(f"{origin}: {at}: {missing}")
     return Composition(plain, composer.sources, origin)
 
 
-def _set(values: DictConfig, key: str, value: Any) -> None:
-    """Set dotted ``key`` in the merged, unresolved values, creating sections; a path through a non-mapping is left
-    to the caller's later check."""
-    node, parts = values, key.split(".")
+def _set(node: DictConfig, parts: list[str], value: Any) -> None:
     for part in parts[:-1]:
-        if part not in node or node.get(part) is None:
+        if node.get(part) is None:
             node[part] = {}
-        if not isinstance(node.get(part), DictConfig):
-            return
         node = node[part]
+        if not isinstance(node, DictConfig):
+            return  # a path through a value: reported on the built config
     node[parts[-1]] = value
 
 
@@ -337,13 +285,6 @@ def _find_missing(v: Any, at: str = "") -> str | None:
         return at
     items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
     for k, x in items:
-        found = _find_missing(x, f"{at}[{k}]" if isinstance(v, list) else (f"{at}.{k}" if at else str(k)))
-        if found is not None:
+        if (found := _find_missing(x, f"{at}[{k}]" if isinstance(v, list) else f"{at}.{k}".lstrip("."))) is not None:
             return found
     return None
-
-
-def _message(e: OmegaConfBaseException) -> str:
-    msg = str(e).split("\n")[0]
-    key = getattr(e, "full_key", None)
-    return f"{key}: {msg}" if key and key not in msg else msg

@@ -33,9 +33,10 @@ from ..tasks.base import get_task
 from ..utils.io import atomic_write_json
 from .callbacks import AtomicCheckpointIO, EpochHistory, EpochSeed
 from .checkpoints import check_fits, load_checkpoint, resume_checkpoint
-from .config import ConfigError, RunConfig, check_machine, load_config
+from .config import ConfigError, RunConfig, load_config
 from .lock import RunLock
 from .rundir import default_run_dir, is_launcher_process, prepare_run_dir, run_config
+from .validate import check_machine
 
 __all__ = [
     "build_datamodule",

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from primaldual.data.cache import MissingDataError
-from primaldual.train.config import ConfigError, list_configs, load_config
 from primaldual.tasks.lra import build_lra_splits
+from primaldual.train.config import ConfigError, list_configs, load_config
 from primaldual.train.module import lr_factor
 
 from .helpers import env, fit_cmd, history_rows, kill_after_rows, run, write_config
