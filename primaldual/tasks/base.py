@@ -184,10 +184,20 @@ def unregister_task(name: str) -> None:
     _REGISTRY.pop(name, None)
 
 
+def _plugins() -> dict[str, Any]:
+    """Tasks other packages declare: entry points of the group ``primaldual.tasks`` (name -> the module or class
+    that registers it), so that ``primaldual fit`` finds them without an import of yours."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group="primaldual.tasks")}
+
+
 def get_task(name: str) -> Task:
     """The task registered as ``name``; :class:`ConfigError` naming the registered ones otherwise."""
     if isinstance(name, str) and name not in _REGISTRY and name in _BUILTIN:
         importlib.import_module(f"{__package__}.{_BUILTIN[name]}")
+    if isinstance(name, str) and name not in _REGISTRY and name in (plugins := _plugins()):
+        plugins[name].load()
     if not isinstance(name, str) or name not in _REGISTRY:
         raise ConfigError(f"task: expected one of {tuple(list_tasks())}, got {name!r}")
     return _REGISTRY[name]
@@ -197,7 +207,7 @@ def list_tasks() -> list[str]:
     """Every registered task name (the built-in ones included)."""
     for module in sorted(set(_BUILTIN.values())):
         importlib.import_module(f"{__package__}.{module}")
-    return sorted(_REGISTRY)
+    return sorted({*_REGISTRY, *_plugins()})
 
 
 def exclusive_keys() -> dict[tuple[str, str | None], set[str]]:

@@ -135,3 +135,20 @@ def test_unknown_task_and_bad_registrations(toy_task):
         register_task("empty")(type("Empty", (Task,), {}))
     with pytest.raises(TypeError, match="not a subclass"):
         register_task("x")(object)
+
+
+def test_a_task_declared_by_an_entry_point_is_loaded_by_name(monkeypatch, tmp_path):
+    from primaldual.tasks import base
+
+    class EntryPoint:  # what importlib.metadata gives for [project.entry-points."primaldual.tasks"]
+        name = "toy_parity"
+
+        def load(self):
+            return register_task("toy_parity")(ToyTask)
+
+    monkeypatch.setattr(base, "_plugins", lambda: {"toy_parity": EntryPoint()})
+    try:
+        assert "toy_parity" in list_tasks()
+        assert load_config(_config(tmp_path)).task == "toy_parity"  # loaded on first use, no import of ours
+    finally:
+        unregister_task("toy_parity")
