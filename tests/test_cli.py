@@ -12,7 +12,7 @@ import yaml
 from primaldual.cli import build_parser, main
 from primaldual.utils.cli import iter_subparsers
 
-from .train.helpers import env, write_config
+from .train.helpers import env
 
 
 def _one_error_line(capsys, argv: list[str], prog: str) -> str:
@@ -26,8 +26,8 @@ def _one_error_line(capsys, argv: list[str], prog: str) -> str:
 
 
 @pytest.fixture
-def tiny(tmp_path):
-    return str(write_config(tmp_path))
+def tiny(tmp_path, tiny_config):
+    return str(tiny_config())
 
 
 def test_smoke_and_bench_bad_input(capsys, tmp_path):

@@ -16,8 +16,6 @@ from primaldual.train.callbacks import AtomicCheckpointIO
 from primaldual.train.checkpoints import CheckpointError, load_checkpoint
 from primaldual.train.config import dump_config, load_config
 
-from .train.helpers import write_config
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -58,9 +56,9 @@ def marker(tmp_path):
 
 
 @pytest.fixture
-def run_dir(tmp_path):
+def run_dir(tmp_path, tiny_config):
     """A run directory whose config.yaml is the tiny config's (as `primaldual fit` writes it)."""
-    cfg_path = write_config(tmp_path, **{"trainer.max_epochs": 1})
+    cfg_path = tiny_config(**{"trainer.max_epochs": 1})
     d = tmp_path / "run"
     d.mkdir()
     (d / "config.yaml").write_text(dump_config(load_config(cfg_path)))
@@ -124,7 +122,7 @@ def test_corrupt_checkpoints_are_one_line_errors(capsys, tmp_path, run_dir):
         assert f"{name}: " in line and ("not a readable checkpoint" in line or "corrupt or foreign" in line)
 
 
-def _pathfinder_config(tmp_path: Path, root: Path) -> Path:
+def _pathfinder_config(tiny_config, root: Path) -> Path:
     base = {
         "name": "tiny_pf",
         "task": "lra_pathfinder",
@@ -133,10 +131,10 @@ def _pathfinder_config(tmp_path: Path, root: Path) -> Path:
         "optim": {"name": "adamw", "lr": 1e-3},
         "trainer": {"max_steps": 2, "accelerator": "cpu", "enable_progress_bar": False},
     }
-    return write_config(tmp_path, base)
+    return tiny_config(base=base)
 
 
-def test_pathfinder_release_metadata_refused(capsys, tmp_path, marker):
+def test_pathfinder_release_metadata_refused(capsys, tmp_path, tiny_config, marker):
     from primaldual.data.pathfinder import PathfinderDataset, read_pathfinder_release
 
     root = tmp_path / "curv_contour_length_14"
@@ -145,13 +143,13 @@ def test_pathfinder_release_metadata_refused(capsys, tmp_path, marker):
         read_pathfinder_release(root)
     with pytest.raises(ValueError, match="refused to load"):
         PathfinderDataset(root, "train")
-    cfg = _pathfinder_config(tmp_path, root)
+    cfg = _pathfinder_config(tiny_config, root)
     line = _refused(capsys, ["fit", "--config", str(cfg), "--run-dir", str(tmp_path / "run")], "primaldual fit")
     assert "0.npy: refused to load" in line
     assert not (tmp_path / "run").exists()
 
 
-def test_pathfinder_generated_layout_refused(capsys, tmp_path, marker):
+def test_pathfinder_generated_layout_refused(capsys, tmp_path, tiny_config, marker):
     from primaldual.data.pathfinder import PathfinderDataset
 
     root = tmp_path / "pf"
@@ -159,7 +157,7 @@ def test_pathfinder_generated_layout_refused(capsys, tmp_path, marker):
     np.save(root / "train_labels.npy", np.zeros(2, dtype=np.int64))
     with pytest.raises(ValueError, match=r"train_images\.npy: refused to load"):
         PathfinderDataset(root, "train")
-    cfg = _pathfinder_config(tmp_path, root)
+    cfg = _pathfinder_config(tiny_config, root)
     line = _refused(capsys, ["fit", "--config", str(cfg), "--run-dir", str(tmp_path / "run")], "primaldual fit")
     assert "train_images.npy: refused to load" in line
 

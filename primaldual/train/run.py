@@ -35,7 +35,7 @@ from .callbacks import AtomicCheckpointIO, EpochHistory, EpochSeed
 from .checkpoints import check_fits, load_checkpoint, resume_checkpoint
 from .config import ConfigError, RunConfig, load_config
 from .lock import RunLock
-from .rundir import default_run_dir, is_launcher_process, prepare_run_dir, run_config
+from .rundir import check_run_dir, default_run_dir, is_launcher_process, prepare_run_dir, run_config
 from .validate import check_machine
 
 __all__ = [
@@ -123,7 +123,8 @@ def fit(
         cfg: the resolved config. run_dir: default :func:`default_run_dir`. fresh: delete the run dir first.
         verbose: per-epoch lines and the final report on stdout (rank 0).
     """
-    run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
+    run_dir = check_run_dir(run_dir, fresh) if run_dir is not None else default_run_dir(cfg)
+    check_run_dir(run_dir, fresh)  # before the data and the lock: a directory that is not ours is never touched
     task = get_task(cfg.task)
     if not task.lightning:  # a loop of its own: the same run directory and lock, its own resume
         return task.fit(cfg, run_dir, fresh=fresh, verbose=verbose)

@@ -11,12 +11,20 @@ Run directory (default ``runs/<task>/<dataset>/<name>-<protocol>-seed<k>-<config
     checkpoints/best.ckpt  the epoch / evaluation the protocol selects
     summary.json           the result (protocol label, best epoch or step, test accuracy or perplexity, ...)
     tokenizer.json / dict.txt   language models: the run's tokenizer (for ``primaldual generate``)
+    .primaldual-run        the mark: primaldual created this directory (its version and the time)
+
+primaldual deletes or replaces files only in a directory it marked, and only its own entries (the names above). A
+directory that holds anything else (a project folder given as ``--run-dir``, a ``config.yaml`` of another tool) is
+refused before anything in it is touched, ``--fresh`` included. A run directory written before the mark existed
+(only the names above, a ``config.yaml`` among them) is adopted and marked.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import yaml
@@ -25,7 +33,21 @@ from ..utils.io import atomic_write_text
 from .config import ConfigError, RunConfig, dump_config, load_config
 from .lock import LOCK_NAME
 
-__all__ = ["default_run_dir", "is_launcher_process", "prepare_run_dir", "run_config"]
+__all__ = ["MARK", "check_run_dir", "default_run_dir", "is_launcher_process", "prepare_run_dir", "run_config"]
+
+MARK = ".primaldual-run"
+# every entry primaldual writes into a run directory (the lock's temporary files start with the lock's name)
+OWN = {
+    MARK,
+    "config.yaml",
+    LOCK_NAME,
+    "history.csv",
+    "logs",
+    "checkpoints",
+    "summary.json",
+    "tokenizer.json",
+    "dict.txt",
+}
 
 
 def default_run_dir(cfg: RunConfig, base: str | os.PathLike = "runs") -> Path:
@@ -46,10 +68,61 @@ def _has_progress(run_dir: Path) -> bool:
     )
 
 
+def _foreign(run_dir: Path) -> list[str]:
+    """The entries of ``run_dir`` that primaldual does not write (sorted names)."""
+    return sorted(p.name for p in run_dir.iterdir() if p.name not in OWN and not p.name.startswith(LOCK_NAME))
+
+
+def check_run_dir(run_dir: str | os.PathLike, fresh: bool = False) -> Path:
+    """Refuse a run directory primaldual may not write to (before anything in it is touched); return it as a Path.
+
+    Raises:
+        ConfigError: an empty path (``--run-dir ""``), a path that is a file, a directory holding entries
+            primaldual does not write, or ``--fresh`` on a directory primaldual did not create.
+    """
+    if not isinstance(run_dir, str | os.PathLike) or not str(run_dir).strip():
+        raise ConfigError("--run-dir: empty; give a directory for the run (default runs/<task>/<dataset>/<name>-...)")
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"--run-dir: {run_dir} is a file, not a directory")
+    if not run_dir.is_dir():
+        return run_dir
+    if foreign := _foreign(run_dir):
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise ConfigError(
+            f"{run_dir} is not a primaldual run directory (it holds {shown}); nothing in it was touched. "
+            "Pass a new or empty --run-dir"
+        )
+    entries = [p for p in run_dir.iterdir() if not p.name.startswith(LOCK_NAME)]
+    saved = run_dir / "config.yaml"
+    if entries and not (run_dir / MARK).is_file() and saved.is_file():
+        try:  # a run directory from before the mark is adopted; another tool's config.yaml is never replaced
+            load_config(saved)
+        except (ConfigError, OSError) as e:
+            raise ConfigError(
+                f"{run_dir} holds a config.yaml that primaldual did not write ({str(e).splitlines()[0][:200]}); "
+                "nothing in it was touched. Pass a new or empty --run-dir"
+            ) from None
+    if fresh and entries and not (run_dir / MARK).is_file() and not saved.is_file():
+        raise ConfigError(
+            f"--fresh refused: {run_dir} is not a run directory primaldual created (no {MARK} and no config.yaml), "
+            "so nothing in it is deleted; pass a run directory, or another --run-dir"
+        )
+    return run_dir
+
+
+def _mark(run_dir: Path) -> None:
+    if not (run_dir / MARK).is_file():
+        from .. import __version__
+
+        atomic_write_text(run_dir / MARK, json.dumps({"primaldual": __version__, "created": time.time()}) + "\n")
+
+
 def _clear_run_dir(run_dir: Path) -> None:
-    """Delete everything in ``run_dir`` except the lock this process holds."""
+    """Delete primaldual's own entries in ``run_dir`` (never the lock this process holds, never anything else)."""
+    check_run_dir(run_dir)  # again, under the lock: a file dropped in since is never deleted
     for p in run_dir.iterdir():
-        if p.name == LOCK_NAME:
+        if p.name not in OWN or p.name.startswith(LOCK_NAME) or p.name == MARK:
             continue
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
@@ -61,12 +134,11 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, fresh: bool, verbose: bool) -
     """``--fresh`` clearing and ``config.yaml`` (written, or compared with the one there). The caller holds the lock."""
     text = dump_config(cfg)
     launcher = is_launcher_process()
-    if fresh and run_dir.exists() and launcher:
-        if not (run_dir / "config.yaml").is_file() and any(p.name != LOCK_NAME for p in run_dir.iterdir()):
-            raise ConfigError(
-                f"--fresh refused: {run_dir} is not a run directory (no config.yaml), so nothing in it is deleted; "
-                "pass a run directory, or another --run-dir"
-            )
+    check_run_dir(run_dir, fresh)
+    if launcher:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _mark(run_dir)
+    if fresh and launcher:
         _clear_run_dir(run_dir)
     saved = run_dir / "config.yaml"
     if saved.exists() and saved.read_text() != text and _same_run(saved.read_text(), text):

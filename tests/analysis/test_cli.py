@@ -7,16 +7,14 @@ import sys
 
 import pytest
 
-from ..train.helpers import fit_cmd, run, write_config
+from ..train.helpers import fit_cmd, run
 
 
 @pytest.mark.parametrize("attention", [["softmax_bn", "linear"], ["softmax_sh", "primal"]])
-def test_analyze_a_trained_uea_run(tmp_path, attention):
+def test_analyze_a_trained_uea_run(tmp_path, tiny_config, attention):
     pytest.importorskip("matplotlib")
     options = [None, {"s": 4}] if attention[1] == "primal" else None
-    cfg = write_config(
-        tmp_path, **{"trainer.max_epochs": 1, "model.attention": attention, "model.attention_options": options}
-    )
+    cfg = tiny_config(**{"trainer.max_epochs": 1, "model.attention": attention, "model.attention_options": options})
     run_dir = tmp_path / "run"
     run(fit_cmd(cfg, run_dir, "--threads", "1"))
     out = run([sys.executable, "-m", "primaldual.cli", "analyze", str(run_dir), "--samples", "8", "--threads", "1"])
@@ -29,7 +27,7 @@ def test_analyze_a_trained_uea_run(tmp_path, attention):
     assert attention[1] in out.stdout and "redundancy" in out.stdout
 
 
-def test_analyze_compares_runs_and_reports_errors(tmp_path, capsys):
+def test_analyze_compares_runs_and_reports_errors(tmp_path, tiny_config, capsys):
     """Two trained runs compared (in-process through ``primaldual.cli.main``, which is what the console script
     calls); each bad input ends with one stderr line and exit code 2."""
     from primaldual.cli import main
@@ -37,8 +35,7 @@ def test_analyze_compares_runs_and_reports_errors(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     dirs = []
     for name in ("softmax", "primal"):
-        cfg = write_config(
-            tmp_path,
+        cfg = tiny_config(
             **{
                 "trainer.max_epochs": 1,
                 "model.attention": name,

@@ -14,7 +14,8 @@ import yaml
 from primaldual.bench.steps import TABLE_HEADER, attention_plan, parse_sets
 from primaldual.cli import main
 
-from ..train.helpers import TINY, tiny_vision, write_image_folder
+from ..conftest import TINY
+from ..train.helpers import tiny_vision, write_image_folder
 
 PIL = pytest.importorskip("PIL.Image")
 

@@ -1,42 +1,14 @@
-"""Tiny real-data configs and a subprocess runner for the training tests."""
+"""A subprocess runner for the training tests (the tiny config itself: ``tiny_config`` in tests/conftest.py)."""
 
 from __future__ import annotations
 
 import csv
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-
-import yaml
-
-TINY = {
-    "name": "tiny",
-    "task": "uea",
-    "protocol": "heldout",
-    "seed": 3,
-    "data": {"name": "JapaneseVowels", "val_fraction": 0.2, "batch_size": 16},
-    "model": {"dim": 16, "depth": 2, "num_heads": 2, "ffn_dim": 32, "dropout": 0.1, "attention": "softmax"},
-    "optim": {"name": "radam", "lr": 3e-3},
-    "trainer": {"max_epochs": 4, "accelerator": "cpu", "gradient_clip_val": 4.0, "enable_progress_bar": False},
-}
-
-
-def write_config(tmp_path: Path, base: dict | None = None, **changes) -> Path:
-    """``base`` (default :data:`TINY`) with dotted-key ``changes``, written to ``tmp_path/tiny.yaml``."""
-    cfg = json.loads(json.dumps(TINY if base is None else base))
-    for key, value in changes.items():
-        node = cfg
-        *parents, last = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[last] = value
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
 
 
 def fit_cmd(config: Path, run_dir: Path, *extra: str) -> list[str]:

@@ -14,7 +14,7 @@ from primaldual.models import SequenceClassifier
 from primaldual.train.compile import compile_model, compile_options
 from primaldual.train.config import ConfigError, RunConfig, dump_config, load_config
 
-from .helpers import fit_cmd, run, write_config
+from .helpers import fit_cmd, run
 
 
 def _model_and_inputs():
@@ -96,8 +96,8 @@ def test_compile_option_is_validated_and_absent_from_uncompiled_configs():
 
 
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None, reason="no C++ compiler for Inductor")
-def test_a_run_trains_compiled(tmp_path):
-    cfg = write_config(tmp_path, **{"trainer.max_epochs": 1, "trainer.compile": True})
+def test_a_run_trains_compiled(tmp_path, tiny_config):
+    cfg = tiny_config(**{"trainer.max_epochs": 1, "trainer.compile": True})
     out = tmp_path / "run"
     res = run(fit_cmd(cfg, out, "--threads", "1"), timeout=600)
     line = next(ln for ln in res.stdout.splitlines() if ln.startswith("trainer.compile: compiled with torch.compile"))

@@ -8,8 +8,6 @@ from primaldual.data import UEA_DATASETS
 from primaldual.train.cli import DEFAULT_CONFIG
 from primaldual.train.config import ConfigError, list_configs, load_config
 
-from .helpers import write_config
-
 
 def test_every_dataset_has_three_reference_configs():
     names = set(list_configs())
@@ -72,18 +70,18 @@ def test_uea_primal_settings_are_the_reference(ds):
     assert pf["max_len"] == pp["max_len"]  # the dataset's longest series, written once
 
 
-def test_unknown_key_in_file_names_the_key(tmp_path):
-    path = write_config(tmp_path)
+def test_unknown_key_in_file_names_the_key(tmp_path, tiny_config):
+    path = tiny_config()
     path.write_text(path.read_text() + "optimiser: {lr: 1}\n")
     with pytest.raises(ConfigError, match=r"unknown config key 'optimiser'"):
         load_config(path)
-    path = write_config(tmp_path, **{"model.atention": "softmax"})
+    path = tiny_config(**{"model.atention": "softmax"})
     with pytest.raises(ConfigError, match=r"tiny.yaml: unknown config key 'model.atention'"):
         load_config(path)
 
 
-def test_overrides(tmp_path):
-    path = write_config(tmp_path)
+def test_overrides(tmp_path, tiny_config):
+    path = tiny_config()
     cfg = load_config(path, ["--model.dim", "24", "--trainer.max_epochs=7", "--seed", "5", "--protocol", "paper"])
     assert (cfg.model.dim, cfg.trainer.max_epochs, cfg.seed, cfg.protocol) == (24, 7, 5, "paper")
     with pytest.raises(ConfigError, match=r"unknown config key 'trainer.max_epoch'"):

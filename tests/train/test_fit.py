@@ -13,13 +13,10 @@ from primaldual.cli import main
 from primaldual.train.config import load_config
 from primaldual.train.run import fit
 
-from .helpers import write_config
-
 
 @pytest.mark.parametrize("protocol", ["heldout", "paper"])
-def test_fit_writes_a_complete_run_directory(tmp_path, protocol, capsys):
-    path = write_config(
-        tmp_path,
+def test_fit_writes_a_complete_run_directory(tmp_path, tiny_config, protocol, capsys):
+    path = tiny_config(
         protocol=protocol,
         **{"trainer.max_epochs": 3, "model.attention": "primal", "model.attention_options": {"s": 4, "eta": 0.5}},
     )
@@ -56,8 +53,8 @@ def test_fit_writes_a_complete_run_directory(tmp_path, protocol, capsys):
     assert again["test_acc"] == pytest.approx(summary["test_acc"]) and again["epochs"] == 3
 
 
-def test_run_dir_with_another_config_is_refused(tmp_path):
-    path = write_config(tmp_path, **{"trainer.max_epochs": 1})
+def test_run_dir_with_another_config_is_refused(tmp_path, tiny_config):
+    path = tiny_config(**{"trainer.max_epochs": 1})
     fit(load_config(path), tmp_path / "run", verbose=False)
     with pytest.raises(ValueError, match="different config"):
         fit(load_config(path, ["--model.dim", "8"]), tmp_path / "run", verbose=False)

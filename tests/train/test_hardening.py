@@ -23,7 +23,8 @@ from primaldual.train.config import dump_config, load_config
 from primaldual.train.lock import RunLock, RunLockedError
 from primaldual.train.run import fit
 
-from .helpers import env, fit_cmd, write_config
+from ..conftest import write_config
+from .helpers import env, fit_cmd
 
 
 def _one_error(capsys, argv: list[str], prog: str = "primaldual fit") -> str:
@@ -75,22 +76,22 @@ BAD_VALUES = [
 
 
 @pytest.mark.parametrize(("args", "expected"), BAD_VALUES)
-def test_bad_value_is_one_error_line_and_no_run_directory(capsys, tmp_path, args, expected):
-    cfg, run_dir = write_config(tmp_path), tmp_path / "run"
+def test_bad_value_is_one_error_line_and_no_run_directory(capsys, tmp_path, tiny_config, args, expected):
+    cfg, run_dir = tiny_config(), tmp_path / "run"
     line = _one_error(capsys, ["fit", "--config", str(cfg), "--run-dir", str(run_dir), *args])
     assert expected in line
     assert not run_dir.exists()
 
 
 @pytest.mark.parametrize("sub", ["validate", "test"])
-def test_bad_values_in_evaluation_subcommands(capsys, tmp_path, sub):
-    cfg = write_config(tmp_path)
+def test_bad_values_in_evaluation_subcommands(capsys, tmp_path, tiny_config, sub):
+    cfg = tiny_config()
     for args, expected in BAD_VALUES[:3]:
         assert expected in _one_error(capsys, [sub, "--config", str(cfg), *args], f"primaldual {sub}")
 
 
-def test_yaml_flow_mapping_without_space_in_a_file(capsys, tmp_path):
-    cfg = write_config(tmp_path, **{"model.attention": "primal"})
+def test_yaml_flow_mapping_without_space_in_a_file(capsys, tmp_path, tiny_config):
+    cfg = tiny_config(**{"model.attention": "primal"})
     cfg.write_text(cfg.read_text().replace("attention: primal", "attention: primal\n  attention_options: {s:4}"))
     line = _one_error(capsys, ["fit", "--config", str(cfg), "--run-dir", str(tmp_path / "run")])
     assert "unknown option 's:4'" in line and "{s: 4}" in line
@@ -121,9 +122,9 @@ BAD_DATA = [
 
 
 @pytest.mark.parametrize(("train", "expected"), BAD_DATA)
-def test_bad_data_names_the_file_and_line(capsys, tmp_path, train, expected):
+def test_bad_data_names_the_file_and_line(capsys, tmp_path, tiny_config, train, expected):
     root = _dataset(tmp_path / "data", train)
-    cfg = write_config(tmp_path, **{"data.name": "Tiny", "data.root": str(root), "data.fetch": False})
+    cfg = tiny_config(**{"data.name": "Tiny", "data.root": str(root), "data.fetch": False})
     line = _one_error(capsys, ["fit", "--config", str(cfg), "--run-dir", str(tmp_path / "run")])
     assert expected in line
     assert not (tmp_path / "run").exists()
@@ -140,22 +141,22 @@ def test_channel_observed_only_in_validation_cases(tmp_path):
         ChannelNormalizer().fit([x], "Tiny_TRAIN.ts")
 
 
-def test_failed_attempt_without_checkpoint_does_not_block_the_corrected_command(tmp_path, capsys):
+def test_failed_attempt_without_checkpoint_does_not_block_the_corrected_command(tmp_path, tiny_config, capsys):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    wrong = load_config(write_config(tmp_path, **{"model.dim": 12}))
+    wrong = load_config(tiny_config(**{"model.dim": 12}))
     (run_dir / "config.yaml").write_text(dump_config(wrong))  # what an attempt that died before epoch 1 leaves
-    cfg = write_config(tmp_path, **{"trainer.max_epochs": 1})
+    cfg = tiny_config(**{"trainer.max_epochs": 1})
     assert main(["fit", "--config", str(cfg), "--run-dir", str(run_dir)]) == 0
     assert "left no checkpoint; starting over" in capsys.readouterr().out
     assert load_config(run_dir / "config.yaml").model.dim == 16
 
 
-def test_fresh_never_empties_a_directory_that_is_not_a_run(capsys, tmp_path):
+def test_fresh_never_empties_a_directory_that_is_not_a_run(capsys, tmp_path, tiny_config):
     keep = tmp_path / "mine" / "notes.txt"
     keep.parent.mkdir()
     keep.write_text("not a run")
-    cfg = write_config(tmp_path)
+    cfg = tiny_config()
     line = _one_error(capsys, ["fit", "--config", str(cfg), "--run-dir", str(keep.parent), "--fresh"])
     assert "--fresh refused" in line and "not a run directory" in line
     assert keep.read_text() == "not a run" and not (keep.parent / "run.lock").exists()
@@ -299,8 +300,8 @@ def test_lock_in_process_and_stale(tmp_path):
         assert json.loads((run_dir / "run.lock").read_text())["pid"] == os.getpid()
 
 
-def test_second_concurrent_fit_is_refused_naming_the_holder(tmp_path, capsys):
-    cfg = write_config(tmp_path, **{"trainer.max_epochs": 500})
+def test_second_concurrent_fit_is_refused_naming_the_holder(tmp_path, tiny_config, capsys):
+    cfg = tiny_config(**{"trainer.max_epochs": 500})
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
         fit_cmd(cfg, run_dir, "--threads", "1"), env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

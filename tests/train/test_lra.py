@@ -14,7 +14,7 @@ from primaldual.tasks.lra import build_lra_splits
 from primaldual.train.config import ConfigError, list_configs, load_config
 from primaldual.train.module import lr_factor
 
-from .helpers import env, fit_cmd, history_rows, kill_after_rows, run, write_config
+from .helpers import env, fit_cmd, history_rows, kill_after_rows, run
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def listops_dir(tmp_path_factory):
     return out
 
 
-def _config(tmp_path, root, **changes):
+def _config(tiny_config, root, **changes):
     base = {
         "name": "tiny_lra",
         "task": "lra_listops",
@@ -46,7 +46,7 @@ def _config(tmp_path, root, **changes):
         "schedule": {"warmup_steps": 5, "decay": "linear"},
         "trainer": {"max_steps": 40, "val_check_interval": 8, "accelerator": "cpu", "enable_progress_bar": False},
     }
-    return write_config(tmp_path, base, **changes)
+    return tiny_config(base=base, **changes)
 
 
 def test_every_lra_config_loads_with_the_lra_protocol():
@@ -59,9 +59,9 @@ def test_every_lra_config_loads_with_the_lra_protocol():
         assert cfg.schedule.decay == "linear" and cfg.schedule.total_steps == cfg.trainer.max_steps
 
 
-def test_fit_listops_step_based(tmp_path, listops_dir):
+def test_fit_listops_step_based(tmp_path, tiny_config, listops_dir):
     run_dir = tmp_path / "run"
-    out = run(fit_cmd(_config(tmp_path, listops_dir), run_dir, "--threads", "1")).stdout
+    out = run(fit_cmd(_config(tiny_config, listops_dir), run_dir, "--threads", "1")).stdout
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["steps"] == 40 and s["evaluations"] == 5 and s["best_step"] in (8, 16, 24, 32, 40)
     assert s["data"]["tokenisation"] == "brackets" and s["data"]["source"] == "generated"
@@ -70,9 +70,9 @@ def test_fit_listops_step_based(tmp_path, listops_dir):
     assert [int(r["step"]) for r in history_rows(run_dir)] == [8, 16, 24, 32, 40]
 
 
-def test_lra_resume_mid_epoch_matches_uninterrupted(tmp_path, listops_dir):
+def test_lra_resume_mid_epoch_matches_uninterrupted(tmp_path, tiny_config, listops_dir):
     # 300 / 16 = 19 batches per epoch, evaluation + checkpoint every 8 steps: checkpoints land mid-epoch.
-    cfg = _config(tmp_path, listops_dir)
+    cfg = _config(tiny_config, listops_dir)
     ref_dir, dir_ = tmp_path / "uninterrupted", tmp_path / "killed"
     run(fit_cmd(cfg, ref_dir, "--threads", "1"))
     assert 2 <= kill_after_rows(fit_cmd(cfg, dir_, "--threads", "1"), dir_, 2) < 5
@@ -99,14 +99,14 @@ def test_missing_lra_data_names_the_fix_and_the_stand_in(tmp_path):
         build_lra_splits(cfg.data, cfg.task)
 
 
-def test_cli_reports_missing_data_in_one_line(tmp_path):
+def test_cli_reports_missing_data_in_one_line(tmp_path, tiny_config):
     res = subprocess.run(
-        fit_cmd(_config(tmp_path, tmp_path / "empty"), tmp_path / "run"), capture_output=True, text=True, env=env()
+        fit_cmd(_config(tiny_config, tmp_path / "empty"), tmp_path / "run"), capture_output=True, text=True, env=env()
     )
     assert res.returncode == 2 and "error:" in res.stderr and "Traceback" not in res.stderr
 
 
-def test_bad_lra_configs_name_the_key(tmp_path, listops_dir):
+def test_bad_lra_configs_name_the_key(tmp_path, tiny_config, listops_dir):
     with pytest.raises(ConfigError, match="data.name"):
         build_lra_splits(load_config("lra/listops/transformer", ["--data.name", "imdb"]).data, "lra_listops")
     with pytest.raises(ConfigError, match="protocol"):
@@ -118,7 +118,7 @@ def test_bad_lra_configs_name_the_key(tmp_path, listops_dir):
     with pytest.raises(ConfigError, match="unknown config key"):
         load_config("lra/listops/transformer", ["--trainer.select", "best_val"])
     res = subprocess.run(
-        fit_cmd(_config(tmp_path, listops_dir, **{"model.num_classes": 3}), tmp_path / "run"),
+        fit_cmd(_config(tiny_config, listops_dir, **{"model.num_classes": 3}), tmp_path / "run"),
         capture_output=True,
         text=True,
         env=env(),

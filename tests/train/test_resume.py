@@ -6,13 +6,12 @@ import json
 
 import torch
 
-from .helpers import fit_cmd, history_rows, kill_after_rows, run, write_config
+from .helpers import fit_cmd, history_rows, kill_after_rows, run
 
 
-def test_resume_after_sigkill_matches_uninterrupted(tmp_path):
+def test_resume_after_sigkill_matches_uninterrupted(tmp_path, tiny_config):
     # Primal layers (aux loss) and dropout: both the data order and the RNG stream must survive the restart.
-    cfg = write_config(
-        tmp_path,
+    cfg = tiny_config(
         **{
             "trainer.max_epochs": 6,
             "model.attention": ["softmax", "primal"],

@@ -6,8 +6,6 @@ import pytest
 
 from primaldual.train.seeds import format_table, run_seeds
 
-from .helpers import write_config
-
 
 def _summary(dataset: str, name: str, protocol: str, acc: float) -> dict:
     return {"dataset": dataset, "name": name, "protocol": protocol, "test_acc": acc}
@@ -36,8 +34,8 @@ def test_table_marks_a_missing_protocol():
     assert "| a | 50.00 +- 0.00 (n=1) | - |" in table and "| b | - | 60.00 +- 0.00 (n=1) |" in table
 
 
-def test_runs_then_reuses_finished_runs(tmp_path):
-    path = write_config(tmp_path, **{"trainer.max_epochs": 1})
+def test_runs_then_reuses_finished_runs(tmp_path, tiny_config):
+    path = tiny_config(**{"trainer.max_epochs": 1})
     base = tmp_path / "runs"
     first = run_seeds([str(path)], [0, 1], ["heldout"], [], base=str(base), jobs=2, threads=1)
     assert [s["seed"] for s in first] == [0, 1] and all(0 <= s["test_acc"] <= 1 for s in first)
@@ -48,11 +46,11 @@ def test_runs_then_reuses_finished_runs(tmp_path):
     assert again == first and [p.stat().st_mtime_ns for p in logs] == stamps  # nothing re-run
 
 
-def test_one_failed_run_does_not_cancel_the_others(tmp_path):
-    good = write_config(tmp_path, **{"trainer.max_epochs": 1})
+def test_one_failed_run_does_not_cancel_the_others(tmp_path, tiny_config):
+    good = tiny_config(**{"trainer.max_epochs": 1})
     (tmp_path / "b").mkdir()
     # a valid config whose data directory is missing: it fails inside its run, not when the plan is made
-    bad = write_config(tmp_path / "b", name="bad", **{"data.root": str(tmp_path / "missing")})
+    bad = tiny_config(directory=tmp_path / "b", name="bad", **{"data.root": str(tmp_path / "missing")})
     base = tmp_path / "runs"
     with pytest.raises(RuntimeError, match="1 of 2 runs failed"):
         run_seeds([str(bad), str(good)], [0], ["heldout"], [], base=str(base), jobs=1)

@@ -1,0 +1,75 @@
+"""The run directory: primaldual marks what it creates, and deletes or replaces files only there; a directory with
+anything else in it is refused before anything in it is touched."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from primaldual.cli import main
+from primaldual.train.config import load_config
+from primaldual.train.run import fit
+from primaldual.train.rundir import MARK, check_run_dir, prepare_run_dir
+
+ARGS = ["--trainer.max_epochs", "1", "--model.dim", "16", "--model.num_heads", "2", "--model.ffn_dim", "16"]
+
+
+def _error(capsys, argv: list[str]) -> str:
+    assert main(argv) == 2
+    return capsys.readouterr().err
+
+
+def test_the_reproducer_leaves_a_project_folder_alone(capsys, tmp_path):
+    proj = tmp_path / "proj"
+    (proj / "src").mkdir(parents=True)
+    (proj / "config.yaml").write_text("lr: 0.1\n")
+    (proj / "src" / "main.py").write_text("x\n")
+    err = _error(capsys, ["fit", "-c", "uea/JapaneseVowels/transformer", *ARGS, "--run-dir", str(proj)])
+    assert "not a primaldual run directory (it holds src)" in err and "nothing in it was touched" in err
+    assert (proj / "src" / "main.py").read_text() == "x\n" and (proj / "config.yaml").read_text() == "lr: 0.1\n"
+    assert sorted(p.name for p in proj.iterdir()) == ["config.yaml", "src"]  # no lock, no mark
+    # a foreign config.yaml alone is not replaced either
+    (proj / "src" / "main.py").unlink()
+    (proj / "src").rmdir()
+    err = _error(capsys, ["fit", "-c", "uea/JapaneseVowels/transformer", *ARGS, "--run-dir", str(proj)])
+    assert "holds a config.yaml that primaldual did not write" in err
+    assert (proj / "config.yaml").read_text() == "lr: 0.1\n" and sorted(p.name for p in proj.iterdir()) == [
+        "config.yaml"
+    ]
+
+
+def test_an_empty_run_dir_and_fresh_on_a_foreign_directory_are_refused(capsys, tmp_path):
+    assert "--run-dir: empty" in _error(capsys, ["fit", "-c", "uea/JapaneseVowels/transformer", "--run-dir", ""])
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep")
+    err = _error(capsys, ["fit", "-c", "uea/JapaneseVowels/transformer", "--run-dir", str(other), "--fresh"])
+    assert "not a primaldual run directory" in err and (other / "notes.txt").read_text() == "keep"
+    with pytest.raises(Exception, match="is a file"):
+        check_run_dir(other / "notes.txt")
+
+
+def test_a_run_directory_is_marked_and_fresh_deletes_only_its_own_entries(tmp_path, tiny_config):
+    cfg = load_config(tiny_config(**{"trainer.max_epochs": 1}))
+    run_dir = tmp_path / "run"
+    fit(cfg, run_dir, verbose=False)
+    mark = json.loads((run_dir / MARK).read_text())
+    assert mark["primaldual"] and {"config.yaml", "checkpoints", "summary.json", "history.csv"} <= {
+        p.name for p in run_dir.iterdir()
+    }
+    fit(cfg, run_dir, fresh=True, verbose=False)  # a marked directory: --fresh starts over
+    assert (run_dir / "summary.json").is_file()
+    (run_dir / "mine.txt").write_text("keep")  # something of the user's dropped in later: never deleted
+    with pytest.raises(Exception, match="not a primaldual run directory"):
+        fit(cfg, run_dir, fresh=True, verbose=False)
+    assert (run_dir / "mine.txt").read_text() == "keep" and (run_dir / "summary.json").is_file()
+
+
+def test_a_run_directory_from_before_the_mark_is_adopted(tmp_path, tiny_config):
+    cfg = load_config(tiny_config())
+    run_dir = tmp_path / "old"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(open(tiny_config(), encoding="utf-8").read())
+    prepare_run_dir(cfg, run_dir, fresh=True, verbose=False)
+    assert (run_dir / MARK).is_file() and (run_dir / "config.yaml").is_file()
