@@ -29,7 +29,14 @@ HEAVY = {
     "gymnasium",
     "stable_baselines3",
 }
-HARNESS = ("primaldual.train", "primaldual.data", "primaldual.bench", "primaldual.analysis", "primaldual.cli")
+HARNESS = (
+    "primaldual.train",
+    "primaldual.data",
+    "primaldual.recipes",
+    "primaldual.bench",
+    "primaldual.analysis",
+    "primaldual.cli",
+)
 
 
 def _modules_after(statement: str) -> list[str]:

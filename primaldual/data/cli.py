@@ -177,7 +177,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         return _generate_d4rl(args)
     t0 = time.perf_counter()
     if args.name == "listops":
-        from .listops import ListOpsConfig, write_listops
+        from ..recipes.listops import ListOpsConfig, write_listops
 
         sizes = _sizes(args, (96000, 2000, 2000))
         with _bar(sum(sizes.values()), "listops") as bar:
@@ -185,7 +185,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                 args.out, sizes, seed=args.seed, config=ListOpsConfig(), overwrite=args.force, progress=bar.update
             )
     else:
-        from .pathfinder import PathfinderConfig, write_pathfinder
+        from ..recipes.pathfinder import PathfinderConfig, write_pathfinder
 
         sizes = _sizes(args, (160000, 20000, 20000))
         cfg = PathfinderConfig(contour_length=args.contour_length)
