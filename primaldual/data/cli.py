@@ -136,14 +136,14 @@ def _sizes(args: argparse.Namespace, default: tuple[int, int, int]) -> dict[str,
 
 
 def _generate_d4rl(args: argparse.Namespace) -> int:
-    """``primaldual data generate d4rl``: SAC by the D4RL recipe (the rl extra), see primaldual.data.d4rl_generate."""
+    """``primaldual data generate d4rl``: SAC by the D4RL recipe (the rl extra), see primaldual.recipes.d4rl."""
     from ..rl.evaluate import require_rl
 
     try:
         require_rl("gymnasium", "mujoco", "stable_baselines3", "h5py", "tqdm")
     except ModuleNotFoundError as e:
         raise SystemExit(str(e)) from None
-    from .d4rl_generate import LABEL, generate_d4rl
+    from ..recipes.d4rl import LABEL, generate_d4rl
 
     t0 = time.perf_counter()
     out, meta = generate_d4rl(
