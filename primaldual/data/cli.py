@@ -230,7 +230,7 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     if args.from_dir is not None and args.name != "english":
         raise ValueError(f"{args.name}: --from is for `english` only")
     if args.name == "english":
-        from .english import fetch_english
+        from ..recipes.english import fetch_english
 
         t0 = time.perf_counter()
         out = fetch_english(args.out, from_dir=args.from_dir, vocab_size=args.vocab_size, force=args.force)
