@@ -33,6 +33,7 @@ HARNESS = (
     "primaldual.train",
     "primaldual.tasks",
     "primaldual.data",
+    "primaldual.recipes",
     "primaldual.bench",
     "primaldual.analysis",
     "primaldual.cli",

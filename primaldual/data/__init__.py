@@ -1,4 +1,5 @@
-"""Datasets: readers, generators and fetchers (UEA time series, Long-Range Arena tasks, images, text).
+"""Datasets: readers of standard formats and generic transforms (UEA time series, Long-Range Arena tasks, images,
+text, D4RL); the code that builds datasets (generators, corpus builders) is :mod:`primaldual.recipes`.
 
 Only the UEA reader and the stratified splitter are re-exported here; the other dataset modules are imported by their full path
 (``primaldual.data.listops`` ...) so that importing this package stays cheap.

@@ -136,14 +136,14 @@ def _sizes(args: argparse.Namespace, default: tuple[int, int, int]) -> dict[str,
 
 
 def _generate_d4rl(args: argparse.Namespace) -> int:
-    """``primaldual data generate d4rl``: SAC by the D4RL recipe (the rl extra), see primaldual.data.d4rl_generate."""
+    """``primaldual data generate d4rl``: SAC by the D4RL recipe (the rl extra), see primaldual.recipes.d4rl."""
     from ..rl.evaluate import require_rl
 
     try:
         require_rl("gymnasium", "mujoco", "stable_baselines3", "h5py", "tqdm")
     except ModuleNotFoundError as e:
         raise SystemExit(str(e)) from None
-    from .d4rl_generate import LABEL, generate_d4rl
+    from ..recipes.d4rl import LABEL, generate_d4rl
 
     t0 = time.perf_counter()
     out, meta = generate_d4rl(
@@ -177,7 +177,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         return _generate_d4rl(args)
     t0 = time.perf_counter()
     if args.name == "listops":
-        from .listops import ListOpsConfig, write_listops
+        from ..recipes.listops import ListOpsConfig, write_listops
 
         sizes = _sizes(args, (96000, 2000, 2000))
         with _bar(sum(sizes.values()), "listops") as bar:
@@ -185,7 +185,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                 args.out, sizes, seed=args.seed, config=ListOpsConfig(), overwrite=args.force, progress=bar.update
             )
     else:
-        from .pathfinder import PathfinderConfig, write_pathfinder
+        from ..recipes.pathfinder import PathfinderConfig, write_pathfinder
 
         sizes = _sizes(args, (160000, 20000, 20000))
         cfg = PathfinderConfig(contour_length=args.contour_length)
@@ -230,7 +230,7 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     if args.from_dir is not None and args.name != "english":
         raise ValueError(f"{args.name}: --from is for `english` only")
     if args.name == "english":
-        from .english import fetch_english
+        from ..recipes.english import fetch_english
 
         t0 = time.perf_counter()
         out = fetch_english(args.out, from_dir=args.from_dir, vocab_size=args.vocab_size, force=args.force)

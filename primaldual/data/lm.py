@@ -17,7 +17,8 @@
   evaluated with ``last="pad"``: ``N - 1`` targets and the split file's size, the first token's bytes included,
   a negligible difference).
 
-:func:`load_english_lm` gives the three splits of ``primaldual data fetch english`` as datasets; WikiText token
+:func:`load_english_lm` gives the three splits of ``primaldual data fetch english`` (built by
+:mod:`primaldual.recipes.english`) as datasets, :func:`load_english_metadata` its ``metadata.json``; WikiText token
 streams (:func:`primaldual.data.wikitext.load_wikitext`) go through :func:`chunk_splits`.
 """
 
@@ -36,11 +37,13 @@ from torch.utils.data import Dataset
 from .cache import MissingDataError, dataset_dir
 
 __all__ = [
+    "ENGLISH_HINT",
     "IGNORE_INDEX",
     "TokenChunkDataset",
     "bits_per_byte",
     "chunk_splits",
     "load_english_lm",
+    "load_english_metadata",
     "load_token_file",
     "nats_per_token_from_bits_per_byte",
     "unigram_baseline",
@@ -49,6 +52,13 @@ __all__ = [
 ]
 
 IGNORE_INDEX = -100
+
+# How to obtain the corpus; the package names are those of primaldual.recipes.english.PACKAGES (a test checks it).
+ENGLISH_HINT = (
+    "Fetch it with `primaldual data fetch english` (apt-get downloads the Debian packages "
+    "linux-doc-6.1, r-cran-janeaustenr, bible-kjv-text; nothing is installed), or place those .deb files in a "
+    "folder and run `primaldual data fetch english --from DIR`"
+)
 
 
 def load_token_file(path: str | os.PathLike) -> np.ndarray:
@@ -139,6 +149,16 @@ def chunk_splits(
     }
 
 
+def load_english_metadata(root: str | os.PathLike | None = None) -> dict[str, Any]:
+    """``metadata.json`` of the English corpus (default ``<cache>/english``), or a :class:`MissingDataError` that
+    says how to fetch it."""
+    d = Path(root) if root is not None else dataset_dir("english")
+    meta = d / "metadata.json"
+    if not meta.is_file():
+        raise MissingDataError(f"English corpus not found in {d}. " + ENGLISH_HINT)
+    return json.loads(meta.read_text(encoding="utf-8"))
+
+
 def load_english_lm(
     root: str | os.PathLike | None = None,
     tokens_per_sample: int = 512,
@@ -151,13 +171,8 @@ def load_english_lm(
     Raises:
         MissingDataError: the corpus is not there (says how to fetch it).
     """
-    from .english import ENGLISH_HINT
-
     d = Path(root) if root is not None else dataset_dir("english")
-    meta_path = d / "metadata.json"
-    if not meta_path.is_file():
-        raise MissingDataError(f"English corpus not found in {d}. {ENGLISH_HINT}")
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    meta = load_english_metadata(d)
     aliases = {"val": "valid", "validation": "valid"}
     tokens, info = {}, {}
     for s in splits:

@@ -3,7 +3,7 @@
 Files: ``wiki.train.tokens``, ``wiki.valid.tokens``, ``wiki.test.tokens`` of the Salesforce WikiText release
 (``wikitext-103-v1.zip`` / ``wikitext-2-v1.zip``: the *tokenised* version, not ``-raw-``), unzipped into one folder
 (default ``<cache>/wikitext-103`` / ``<cache>/wikitext-2``). primaldual does not download them; the obtainable
-stand-in is ``primaldual data fetch english`` (:mod:`primaldual.data.english`).
+stand-in is ``primaldual data fetch english`` (:mod:`primaldual.recipes.english`).
 
 The rule implemented is fairseq's (``fairseq-preprocess --only-source`` then the ``language_modeling`` task with
 ``--sample-break-mode none``: ``Dictionary.add_file_to_dictionary`` and ``Dictionary.encode_line(...,

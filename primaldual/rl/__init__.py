@@ -3,8 +3,8 @@
 (:mod:`.evaluate`).
 
 gymnasium is imported on first use (the ``rl`` extra); :func:`normalized_score` and the reference constants work
-without it. Data: :mod:`primaldual.data.d4rl` reads the D4RL HDF5 layout; ``primaldual data generate d4rl`` builds
-such data by the D4RL recipe. See ``docs/offline_rl.md``.
+without it. Data: :mod:`primaldual.data.d4rl` reads the D4RL HDF5 layout; :mod:`primaldual.recipes.d4rl` builds
+such data by the D4RL recipe (``primaldual data generate d4rl``). See ``docs/offline_rl.md``.
 """
 
 from .evaluate import (

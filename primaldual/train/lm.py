@@ -77,8 +77,7 @@ class LMDataModule(SplitDataModule):
         if T is None:
             raise ConfigError("data.max_len: task 'lm' needs the tokens per sample (e.g. 512)")
         if cfg.name == "english":
-            from ..data.english import load_english_metadata
-            from ..data.lm import load_english_lm
+            from ..data.lm import load_english_lm, load_english_metadata
 
             root = Path(cfg.root) if cfg.root is not None else dataset_dir("english")
             chunks = load_english_lm(root, T)  # a missing corpus: MissingDataError naming `data fetch english`

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from primaldual.data.pathfinder import write_pathfinder
+from primaldual.recipes.pathfinder import write_pathfinder
 
 from .scripts import load_script
 

@@ -41,7 +41,7 @@ def _text(n_lines: int, seed: int) -> str:
 @pytest.fixture(scope="module")
 def english_dir(tmp_path_factory):
     """A tiny corpus in the layout `primaldual data fetch english` writes (the files load_english_lm reads)."""
-    from primaldual.data.english import encode_lines, train_bpe_tokenizer
+    from primaldual.recipes.english import encode_lines, train_bpe_tokenizer
 
     d = tmp_path_factory.mktemp("data") / "english"
     d.mkdir()

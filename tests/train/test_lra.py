@@ -19,7 +19,7 @@ from .helpers import env, fit_cmd, history_rows, kill_after_rows, run
 
 @pytest.fixture(scope="module")
 def listops_dir(tmp_path_factory):
-    from primaldual.data.listops import ListOpsConfig, write_listops
+    from primaldual.recipes.listops import ListOpsConfig, write_listops
 
     out = tmp_path_factory.mktemp("data") / "listops"
     rules = ListOpsConfig(min_length=10, max_length=60, max_depth=4)

@@ -70,6 +70,6 @@ def test_a_run_directory_from_before_the_mark_is_adopted(tmp_path, tiny_config):
     cfg = load_config(tiny_config())
     run_dir = tmp_path / "old"
     run_dir.mkdir()
-    (run_dir / "config.yaml").write_text(open(tiny_config(), encoding="utf-8").read())
+    (run_dir / "config.yaml").write_text(tiny_config().read_text())
     prepare_run_dir(cfg, run_dir, fresh=True, verbose=False)
     assert (run_dir / MARK).is_file() and (run_dir / "config.yaml").is_file()

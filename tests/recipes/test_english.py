@@ -19,8 +19,10 @@ import numpy as np
 import pytest
 
 from primaldual.cli import main
-from primaldual.data import english as E
 from primaldual.data.cache import MissingDataError, data_root
+from primaldual.data.lm import ENGLISH_HINT
+from primaldual.recipes import english as E
+from primaldual.recipes.english import austen, deb, kernel_doc, kjv
 
 # ----------------------------------------------------------------------------------------------- fixtures: LZW
 
@@ -95,18 +97,21 @@ def random_text(n_words: int, seed: int = 0) -> bytes:
 def test_unlzw_round_trip(maxbits, clear_after):
     data = random_text(12000)  # ~60 kB: code widths 9..14 bits (or a full 12-bit table), CLEAR codes
     z = lzw_compress(data, maxbits, clear_after)
-    assert E.unlzw(z, maxbits=maxbits) == data
-    assert E.unlzw(b"") == b"" and E.unlzw(lzw_compress(b"a")) == b"a"
+    assert kjv.unlzw(z, maxbits=maxbits) == data
+    assert kjv.unlzw(b"") == b"" and kjv.unlzw(lzw_compress(b"a")) == b"a"
     if shutil.which("gzip"):  # an independent decoder of the same format (.Z files) agrees with our encoder
         res = subprocess.run(["gzip", "-dc"], input=bytes([0x1F, 0x9D, 0x80 | maxbits]) + z, capture_output=True)
         assert res.returncode == 0 and res.stdout == data
 
 
 def test_unlzw_rejects_corrupt_streams():
-    with pytest.raises(ValueError, match="first code"):
-        E.unlzw(lzw_pack([300, 1]))
-    with pytest.raises(ValueError, match="beyond the table"):
-        E.unlzw(lzw_pack([97, 98, 400]))
+    # unlzw3's reasons, prefixed with what failed
+    with pytest.raises(ValueError, match="corrupt LZW stream: .*[Ff]irst code"):
+        kjv.unlzw(lzw_pack([300, 1]))
+    with pytest.raises(ValueError, match="corrupt LZW stream: .*[Ii]nvalid code"):
+        kjv.unlzw(lzw_pack([97, 98, 400]))
+    with pytest.raises(ValueError, match="maxbits: expected 9..16, got 17"):
+        kjv.unlzw(b"\0", maxbits=17)
 
 
 KJV_SNIPPET = (
@@ -136,8 +141,8 @@ def make_bible_data(text: str, wsize: int = 64) -> bytes:
 
 def test_decode_kjv_data_and_books():
     data = make_bible_data(KJV_SNIPPET)
-    assert E.decode_kjv_data(data) == KJV_SNIPPET
-    docs = E.kjv_documents(E.decode_kjv_data(data))
+    assert kjv.decode_kjv_data(data) == KJV_SNIPPET
+    docs = kjv.kjv_documents(kjv.decode_kjv_data(data))
     assert [d.doc_id for d in docs] == ["kjv/01-Genesis", "kjv/02-Exodus", "kjv/66-Revelation"]
     assert docs[0].paragraphs == (
         "In the beginning God created the heaven and the earth.",
@@ -146,13 +151,13 @@ def test_decode_kjv_data_and_books():
     )
     assert docs[2].text == "The grace of our Lord Jesus Christ be with you all. Amen.\n"
     with pytest.raises(ValueError, match="EC"):
-        E.decode_kjv_data(b"garbage" * 20)
+        kjv.decode_kjv_data(b"garbage" * 20)
     bad = bytearray(data)
     bad[84:88] = struct.pack(">i", 32)  # wrong window size: the first window decodes to 64 bytes
     with pytest.raises(ValueError, match="window 0"):
-        E.decode_kjv_data(bytes(bad))
+        kjv.decode_kjv_data(bytes(bad))
     with pytest.raises(ValueError, match="unknown book"):
-        E.kjv_documents("Xyz1:1 Not a book.\n")
+        kjv.kjv_documents("Xyz1:1 Not a book.\n")
 
 
 # ----------------------------------------------------------------------------------------------- fixtures: R
@@ -276,39 +281,44 @@ def test_r_unserialize_vectors_and_lists(version):
             ["text", "numbers"],
         )
 
-    obj = E.r_unserialize(serialize(build, version))
-    assert obj.rtype == "list" and obj.names == ["text", "numbers"]
-    parts = obj.as_dict()
-    assert parts["text"].rtype == "character" and parts["text"].value == ["a", None, "caf\u00e9"]
-    assert parts["numbers"].value == [1, None, 3]  # NA_integer_ -> None
+    obj = austen.r_unserialize(serialize(build, version))  # rdata, converted: a named list is a dict
+    assert list(obj) == ["text", "numbers"]
+    assert austen.character_vector(obj["text"]) == ["a", None, "caf\u00e9"]
+    assert np.ma.getmaskarray(obj["numbers"]).tolist() == [False, True, False]  # NA_integer_ is masked
+    assert np.ma.compressed(obj["numbers"]).tolist() == [1, 3]
     w = RWriter(version)
     w.header()
     w.charsxp("na\u00efve", latin1=True)
-    assert E.r_unserialize(w.value()) == "na\u00efve"
-    assert E.r_unserialize(gzip.compress(serialize(lambda w: w.strsxp(["x"]), version))).value == ["x"]
+    assert austen.r_unserialize(w.value()) == "na\u00efve"
+    assert austen.character_vector(
+        austen.r_unserialize(gzip.compress(serialize(lambda w: w.strsxp(["x"]), version)))
+    ) == ["x"]
+    with pytest.raises(austen.RSerializationError, match="numbers: expected an R character vector"):
+        austen.character_vector(obj["numbers"], "numbers")
 
 
 def test_r_unserialize_rejects_malformed():
-    with pytest.raises(E.RSerializationError, match="XDR"):
-        E.r_unserialize(b"A\n3\n")
-    with pytest.raises(E.RSerializationError, match="version 7"):
-        E.r_unserialize(b"X\n" + struct.pack(">iii", 7, 0, 0))
-    good = serialize(lambda w: w.strsxp(["hello", "world"]))
-    with pytest.raises(E.RSerializationError, match="truncated"):
-        E.r_unserialize(good[:-3])
-    with pytest.raises(E.RSerializationError, match="type 21"):  # byte code
-        E.r_unserialize(serialize(lambda w: w.int(21)))
+    # rdata's reasons, in one RSerializationError (a ValueError) naming what failed
+    with pytest.raises(austen.RSerializationError, match="not a readable R serialisation"):
+        austen.r_unserialize(b"A\n3\n")
+    with pytest.raises(austen.RSerializationError, match="version 7"):
+        austen.r_unserialize(b"X\n" + struct.pack(">iii", 7, 0, 0))
+    with pytest.raises(austen.RSerializationError, match="not a readable R serialisation"):  # byte code (type 21)
+        austen.r_unserialize(serialize(lambda w: w.int(21)))
 
 
 def test_read_r_lazyload_and_austen_chapters():
     rdx, rdb = make_lazyload(AUSTEN)
-    objs = E.read_r_lazyload(rdx, rdb)
-    assert sorted(objs) == ["emma", "persuasion"] and objs["emma"].value == AUSTEN["emma"]
-    with pytest.raises(E.RSerializationError, match="not in the lazy-load"):
-        E.read_r_lazyload(rdx, rdb, ["mansfieldpark"])
-    with pytest.raises(E.RSerializationError, match="decompress"):
-        E.read_r_lazyload(rdx, b"\0" * len(rdb))
-    docs = E.austen_documents({k: v.value for k, v in objs.items()})
+    objs = austen.read_r_lazyload(rdx, rdb)
+    assert sorted(objs) == ["emma", "persuasion"] and austen.character_vector(objs["emma"]) == AUSTEN["emma"]
+    with pytest.raises(austen.RSerializationError, match="not in the lazy-load"):
+        austen.read_r_lazyload(rdx, rdb, ["mansfieldpark"])
+    with pytest.raises(austen.RSerializationError, match="decompress"):
+        austen.read_r_lazyload(rdx, b"\0" * len(rdb))
+    rdx1, rdb1 = make_lazyload({"emma": AUSTEN["emma"]})
+    with pytest.raises(austen.RSerializationError, match="decompress"):  # a damaged value: the zlib check fails
+        austen.read_r_lazyload(rdx1, rdb1[:-3] + b"\0\0\0")
+    docs = austen.austen_documents({k: austen.character_vector(v) for k, v in objs.items()})
     assert [d.doc_id for d in docs] == [
         "austen/emma/000",
         "austen/emma/001",
@@ -392,7 +402,7 @@ x      y
 
 
 def test_rst_to_paragraphs():
-    assert E.rst_to_paragraphs(KERNEL_RST) == [
+    assert kernel_doc.rst_to_paragraphs(KERNEL_RST) == [
         "HOWTO do Linux kernel development",
         "This is the be-all, end-all document on this topic. It explains how to become a Linux kernel developer "
         "with the process, git and the list.",
@@ -406,15 +416,18 @@ def test_rst_to_paragraphs():
 
 
 def test_inline_markup_and_prose_filter():
-    assert E.clean_inline(":c:func:`kmalloc` and ``GFP_KERNEL`` with *care*, see |sub|") == (
+    assert kernel_doc.clean_inline(":c:func:`kmalloc` and ``GFP_KERNEL`` with *care*, see |sub|") == (
         "kmalloc and GFP_KERNEL with care, see sub"
     )
-    assert E.clean_inline("see `Documentation <index.rst>`__ and `target`_ \\*x") == "see Documentation and target *x"
-    assert E.is_prose("The kernel is written mostly in C, with some assembly.")
-    assert not E.is_prose("ret = foo(bar, baz);")
-    assert not E.is_prose("0x0000 0x1234 0xffff 0x0001 0x0002")
-    assert not E.is_prose("Too short here")
-    assert not E.is_prose("CONFIG_FOO CONFIG_BAR CONFIG_BAZ CONFIG_QUX")
+    assert (
+        kernel_doc.clean_inline("see `Documentation <index.rst>`__ and `target`_ \\*x")
+        == "see Documentation and target *x"
+    )
+    assert kernel_doc.is_prose("The kernel is written mostly in C, with some assembly.")
+    assert not kernel_doc.is_prose("ret = foo(bar, baz);")
+    assert not kernel_doc.is_prose("0x0000 0x1234 0xffff 0x0001 0x0002")
+    assert not kernel_doc.is_prose("Too short here")
+    assert not kernel_doc.is_prose("CONFIG_FOO CONFIG_BAR CONFIG_BAZ CONFIG_QUX")
 
 
 def test_kernel_doc_documents_skips_translations_and_non_rst():
@@ -424,7 +437,7 @@ def test_kernel_doc_documents_skips_translations_and_non_rst():
         ("usr/share/doc/linux-doc-6.1/Documentation/index.rst", b".. toctree::\n\n   howto\n"),
         ("usr/share/doc/linux-doc-6.1/Documentation/conf.py", b"x = 1\n"),
     ]
-    docs = E.kernel_doc_documents(files)
+    docs = kernel_doc.kernel_doc_documents(files)
     assert [d.doc_id for d in docs] == ["linux-doc/process/howto.rst"]  # index.rst has no prose
     assert docs[0].paragraphs[0] == "HOWTO do Linux kernel development"
 
@@ -537,15 +550,15 @@ def make_debs(folder: Path, n_kernel_docs: int = 30) -> dict[str, Path]:
 
 def test_deb_reading(tmp_path):
     debs = make_debs(tmp_path / "debs", n_kernel_docs=2)
-    info = E.deb_info(debs["bible-kjv-text"])
+    info = deb.deb_info(debs["bible-kjv-text"])
     assert (info.package, info.version) == ("bible-kjv-text", "4.38")
     assert info.sha256 == hashlib.sha256(debs["bible-kjv-text"].read_bytes()).hexdigest()
-    names = [n for n, _ in E.iter_deb_files(debs["linux-doc-6.1"], lambda n: True)]
+    names = [n for n, _ in deb.iter_deb_files(debs["linux-doc-6.1"], lambda n: True)]
     assert "usr/share/doc/linux-doc-6.1/Documentation/process/howto.rst.gz" in names
     assert "usr/share/doc/link.rst" not in names  # links are skipped
     (tmp_path / "x.deb").write_bytes(b"not an archive")
     with pytest.raises(ValueError, match="not a Debian package"):
-        E.deb_info(tmp_path / "x.deb")
+        deb.deb_info(tmp_path / "x.deb")
     assert E.find_debs(tmp_path / "debs") == debs
 
 
@@ -577,7 +590,7 @@ def test_write_english_is_deterministic(tmp_path):
     ]
     assert all((a / f).read_bytes() == (b / f).read_bytes() for f in files)
     meta = json.loads((a / "metadata.json").read_text())
-    assert meta["sources"]["bible-kjv-text"]["deb_sha256"] == E.deb_info(debs["bible-kjv-text"]).sha256
+    assert meta["sources"]["bible-kjv-text"]["deb_sha256"] == deb.deb_info(debs["bible-kjv-text"]).sha256
     assert meta["sources"]["linux-doc-6.1"]["documents"] == 31  # 30 + howto; translations skipped
     assert (
         meta["sources"]["r-cran-janeaustenr"]["documents"] == 5 and meta["sources"]["bible-kjv-text"]["documents"] == 3
@@ -602,6 +615,10 @@ def test_write_english_is_deterministic(tmp_path):
     )
     with pytest.raises(FileExistsError):
         E.write_english(debs, tmp_path / "a", vocab_size=320)
+
+
+def test_english_hint_names_every_package():
+    assert all(p in ENGLISH_HINT for p in E.PACKAGES)  # the reader's hint (primaldual.data.lm) and the recipe agree
 
 
 def test_download_debs_errors_are_one_line(tmp_path, monkeypatch):
@@ -675,7 +692,7 @@ def test_real_packages(tmp_path):
     assert len(docs["bible-kjv-text"]) == 66 and sum(len(d.paragraphs) for d in docs["bible-kjv-text"]) == 31102
     assert len(docs["r-cran-janeaustenr"]) == 275  # 269 chapters + 6 front matters
     assert len(docs["linux-doc-6.1"]) > 2000
-    versions = {p: E.deb_info(d).version for p, d in debs.items()}
+    versions = {p: deb.deb_info(d).version for p, d in debs.items()}
     if versions == {"linux-doc-6.1": "6.1.192-2", "r-cran-janeaustenr": "1.0.0-1", "bible-kjv-text": "4.38"}:
         splits = E.split_documents(d for v in docs.values() for d in v)
         digest = hashlib.sha256(E.split_text(splits["valid"]).encode()).hexdigest()
