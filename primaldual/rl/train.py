@@ -30,7 +30,7 @@ import csv
 import io
 import json
 import math
-import os
+import re
 import time
 from functools import partial
 from pathlib import Path
@@ -46,7 +46,7 @@ from ..train.config import ConfigError, RunConfig
 from ..train.module import build_optimizer, lr_factor
 from ..utils.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 
-__all__ = ["behaviour_score", "build_dt", "fit_rl", "rl_data_dir"]
+__all__ = ["behaviour_score", "build_dt", "data_file", "fit_rl", "rl_data_dir"]
 
 HISTORY = "history.csv"
 
@@ -78,17 +78,58 @@ def _load_data(cfg: RunConfig) -> tuple[Any, dict[str, Any], Path]:
     from ..data.d4rl import read_d4rl
 
     env, kind = _env_kind(cfg.data.name)
-    root = rl_data_dir(cfg)
-    hdf5 = sorted(root.glob("*.hdf5")) + sorted(root.glob("*.h5")) if root.is_dir() else []
-    if not hdf5:
-        raise MissingDataError(
-            f"{root}: no D4RL data for {cfg.data.name} (no .hdf5 file there); generate it with "
-            f"`{_generate_hint(env, kind)}`, or point --data.root at a folder holding the file"
-        )
-    data = read_d4rl(hdf5[0])
-    meta_path = root / "metadata.json"
+    path = data_file(cfg)
+    data = read_d4rl(path)
+    meta_path = path.parent / "metadata.json"
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    return data, meta, hdf5[0]
+    return data, meta, path
+
+
+def data_file(cfg: RunConfig) -> Path:
+    """The HDF5 file of ``data.name``: ``data.root`` itself when it is a file; else, in ``data.root`` (or the cache),
+    the file named after the dataset (``<data.name>.hdf5``, D4RL's ``<data.name>-v2.hdf5``, or ``.h5``).
+
+    Raises:
+        MissingDataError: no such file (the message lists what the folder holds and how to generate the data).
+        ConfigError: several files of that name (say which with ``data.root``).
+    """
+    env, kind = _env_kind(cfg.data.name)
+    root = rl_data_dir(cfg)
+    if root.is_file():
+        if root.suffix not in (".hdf5", ".h5"):
+            raise ConfigError(f"data.root: {root} is a file but not HDF5 (.hdf5 / .h5)")
+        return root
+    files = sorted(p for p in root.glob("*") if p.suffix in (".hdf5", ".h5")) if root.is_dir() else []
+    name = re.compile(rf"{re.escape(cfg.data.name)}(-v\d+)?")
+    matches = [p for p in files if name.fullmatch(p.stem)]
+    if len(matches) > 1:
+        raise ConfigError(
+            f"data.root: {root} holds several files of {cfg.data.name} ({', '.join(p.name for p in matches)}); "
+            "point data.root at the one to train on"
+        )
+    if not matches:
+        there = f" (it holds {', '.join(p.name for p in files)})" if files else ""
+        raise MissingDataError(
+            f"{root}: no D4RL data for {cfg.data.name}: expected {cfg.data.name}.hdf5{there}; generate it with "
+            f"`{_generate_hint(env, kind)}`, or point --data.root at the file"
+        )
+    return matches[0]
+
+
+def _check_widths(env: str, state_dim: int, act_dim: int, path: Path) -> None:
+    """Refuse data whose observation / action widths are not the environment's (before any training step)."""
+    from .evaluate import env_id, make_env
+
+    e = make_env(env)
+    try:
+        want = (int(e.observation_space.shape[0]), int(e.action_space.shape[0]))
+    finally:
+        e.close()
+    if (state_dim, act_dim) != want:
+        raise ConfigError(
+            f"data.name: {path} has observations of width {state_dim} and actions of width {act_dim}, but "
+            f"{env_id(env)} has {want[0]} and {want[1]}; the data was made for another environment"
+        )
 
 
 def behaviour_score(meta: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -176,22 +217,22 @@ def _device(model: nn.Module) -> torch.device:
 
 
 def _save(path: Path, state: dict[str, Any]) -> None:
+    from ..train.checkpoints import keep_previous
+
     buf = io.BytesIO()
     torch.save(state, buf)
-    if path.is_file():
-        os.replace(path, path.with_name("last.prev.ckpt"))
+    keep_previous(path)  # last.prev.ckpt: both names always hold a complete checkpoint
     atomic_write_bytes(path, buf.getvalue())
 
 
-def _load_last(ck: Path, note) -> dict[str, Any] | None:
-    for name in ("last.ckpt", "last.prev.ckpt"):
-        p = ck / name
-        if p.is_file():
-            try:
-                return torch.load(p, map_location="cpu", weights_only=True)
-            except Exception as e:  # noqa: BLE001 - an unreadable file: fall back to the previous one
-                note(f"{p} unreadable ({type(e).__name__}); trying the previous checkpoint")
-    return None
+def _load_last(run_dir: Path, note) -> dict[str, Any] | None:
+    """The checkpoint to resume from, by the harness's contract (:func:`~primaldual.train.checkpoints.
+    resume_checkpoint`): ``last.ckpt``, else ``last.prev.ckpt`` (the bad file kept as ``last.ckpt.corrupt``), else a
+    :class:`~primaldual.train.checkpoints.CheckpointError` naming ``--fresh``; None for a fresh start."""
+    from ..train.checkpoints import load_checkpoint, resume_checkpoint
+
+    path = resume_checkpoint(run_dir, note, weights_key="model")
+    return None if path is None else load_checkpoint(path, weights_key="model")
 
 
 def _write_history(run_dir: Path, rows: list[dict[str, Any]]) -> None:
@@ -217,6 +258,7 @@ def fit_rl(cfg: RunConfig, run_dir: Path, *, fresh: bool = False, verbose: bool 
     note = (lambda msg: print(msg, flush=True)) if verbose else (lambda msg: None)
     env, kind = _env_kind(cfg.data.name)
     data, meta, hdf5 = _load_data(cfg)
+    _check_widths(env, data.state_dim, data.act_dim, hdf5)
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed % 2**32)
     ds = TrajectoryDataset(
@@ -237,7 +279,7 @@ def fit_rl(cfg: RunConfig, run_dir: Path, *, fresh: bool = False, verbose: bool 
     with lock.acquire(action):
         prepare_run_dir(cfg, run_dir, fresh, verbose)
         ck = run_dir / "checkpoints"
-        state = _load_last(ck, note)
+        state = _load_last(run_dir, note)
         step, rows, train_seconds = 0, [], 0.0
         if state is not None:
             model.load_state_dict(state["model"])

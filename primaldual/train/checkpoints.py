@@ -60,8 +60,11 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}" if len(first) < 12 else first
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
-    """Read a checkpoint safely (``weights_only=True`` with the :data:`SAFE_GLOBALS` allow-list).
+def load_checkpoint(
+    path: str | os.PathLike, map_location: Any = "cpu", weights_key: str = "state_dict"
+) -> dict[str, Any]:
+    """Read a checkpoint safely (``weights_only=True`` with the :data:`SAFE_GLOBALS` allow-list). ``weights_key``: the
+    mapping of weights the checkpoint must hold (``state_dict`` for Lightning's, ``model`` for offline RL's).
 
     Raises:
         FileNotFoundError: no such file.
@@ -89,8 +92,8 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, KeyError, IndexError) as e:
         raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt: {_reason(e)})") from None
-    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
-        raise CheckpointError(f"{path}: not a primaldual / Lightning checkpoint (no state_dict)")
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get(weights_key), dict):
+        raise CheckpointError(f"{path}: not a primaldual checkpoint (no {weights_key})")
     return ckpt
 
 
@@ -140,7 +143,9 @@ def keep_previous(path: str | os.PathLike) -> None:
         raise
 
 
-def resume_checkpoint(run_dir: str | os.PathLike, note: Callable[[str], None] = print) -> Path | None:
+def resume_checkpoint(
+    run_dir: str | os.PathLike, note: Callable[[str], None] = print, weights_key: str = "state_dict"
+) -> Path | None:
     """The checkpoint a run resumes from: ``last.ckpt``, else ``last.prev.ckpt``, else None (a fresh start).
 
     Both are verified with :func:`load_checkpoint` first. An unreadable ``last.ckpt`` with a good previous one is
@@ -156,13 +161,13 @@ def resume_checkpoint(run_dir: str | os.PathLike, note: Callable[[str], None] = 
     problem: CheckpointError | None = None
     if last.is_file():
         try:
-            load_checkpoint(last)
+            load_checkpoint(last, weights_key=weights_key)
             return last
         except CheckpointError as e:
             problem = e
     if prev.is_file():
         try:
-            load_checkpoint(prev)
+            load_checkpoint(prev, weights_key=weights_key)
         except CheckpointError as e:
             if problem is None:
                 problem = e

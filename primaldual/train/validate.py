@@ -175,6 +175,11 @@ def validate_config(cfg: RunConfig) -> None:
         raise ConfigError(f"trainer.max_steps: expected -1 (epoch-based) or a positive int, got {t.max_steps!r}")
     if cfg.step_based:
         check_int("trainer.max_epochs", t.max_epochs, low=-1)
+        if t.max_epochs not in (-1, RunConfig().trainer.max_epochs):  # silently ignored otherwise
+            raise ConfigError(
+                f"trainer.max_epochs: a step-based run stops at trainer.max_steps ({t.max_steps}) and ignores "
+                f"max_epochs ({t.max_epochs}); set the length with --trainer.max_steps instead"
+            )
         check_int("trainer.val_check_interval", t.val_check_interval, low=1, high=t.max_steps, allow_none=True)
     else:
         if task.step_based:

@@ -56,8 +56,9 @@ def _config(tmp_path, root, attention="softmax", **changes) -> str:
     return str(path)
 
 
-def _fit(tmp_path, root, run_dir, **kw) -> int:
-    return main(["fit", "--threads", "1", "--config", _config(tmp_path, root, **kw), "--run-dir", str(run_dir)])
+def _fit(tmp_path, root, run_dir, fresh=False, **kw) -> int:
+    argv = ["fit", "--threads", "1", "--config", _config(tmp_path, root, **kw), "--run-dir", str(run_dir)]
+    return main(argv + (["--fresh"] if fresh else []))
 
 
 def test_fit_writes_summary_with_scores_and_behaviour(tmp_path, hopper_dir):
@@ -171,3 +172,60 @@ def test_seeds_table_reports_final_scores_beside_the_behaviour_policy():
     table = format_table(runs)
     assert "final checkpoint" in table and "6.50 +- 0.71 (n=2)" in table
     assert "behaviour policy normalised score 6.50" in table
+
+
+def _copy_data(src, dst, name: str):
+    dst.mkdir(parents=True, exist_ok=True)
+    (dst / f"{name}.hdf5").write_bytes((src / "hopper-medium.hdf5").read_bytes())
+
+
+def test_data_name_chooses_the_file_and_data_root_may_be_the_file(capsys, tmp_path, hopper_dir):
+    from primaldual.rl.train import data_file
+
+    both = tmp_path / "both"
+    _copy_data(hopper_dir, both, "hopper-expert")  # alphabetically first: once trained on instead of the named one
+    _copy_data(hopper_dir, both, "hopper-medium")
+    cfg = load_config(_config(tmp_path, both))
+    assert data_file(cfg).name == "hopper-medium.hdf5"
+    expert = load_config(_config(tmp_path, both), ["--data.name", "hopper-expert"])
+    assert data_file(expert).name == "hopper-expert.hdf5"
+    with pytest.raises(Exception, match=r"expected hopper-random.hdf5 \(it holds hopper-expert.hdf5, hopper-medium"):
+        data_file(load_config(_config(tmp_path, both), ["--data.name", "hopper-random"]))
+    the_file = load_config(_config(tmp_path, both / "hopper-medium.hdf5"))
+    assert data_file(the_file) == both / "hopper-medium.hdf5"
+    assert _fit(tmp_path, both / "hopper-medium.hdf5", tmp_path / "run") == 0  # data.root the file itself
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert s["data_file"].endswith("both/hopper-medium.hdf5")
+
+
+def test_unreadable_checkpoints_stop_the_run_and_are_kept(capsys, tmp_path, hopper_dir):
+    run = tmp_path / "run"
+    assert _fit(tmp_path, hopper_dir, run, trainer={"max_steps": 1}) == 0
+    ck = run / "checkpoints"
+    (ck / "last.ckpt").write_bytes(b"not a checkpoint")
+    (ck / "last.prev.ckpt").write_bytes(b"nor this")
+    capsys.readouterr()
+    assert _fit(tmp_path, hopper_dir, run, trainer={"max_steps": 1}) == 2
+    err = capsys.readouterr().err
+    assert "--fresh" in err and len(err.strip().splitlines()) == 1
+    assert (ck / "last.ckpt").read_bytes() == b"not a checkpoint" and (
+        ck / "last.prev.ckpt"
+    ).read_bytes() == b"nor this"
+    # a good previous checkpoint: resumed from, the bad one kept as last.ckpt.corrupt
+    assert _fit(tmp_path, hopper_dir, run, trainer={"max_steps": 1}, fresh=True) == 0
+
+
+def test_a_width_mismatch_is_caught_before_training(capsys, tmp_path):
+    root = tmp_path / "wide"
+    root.mkdir()
+    n = 40
+    with h5py.File(root / "hopper-medium.hdf5", "w") as f:
+        f["observations"] = np.zeros((n, 17), np.float32)  # HalfCheetah's width, not Hopper's 11
+        f["actions"] = np.zeros((n, 3), np.float32)
+        f["rewards"] = np.zeros(n, np.float32)
+        f["terminals"] = np.zeros(n, bool)
+        f["timeouts"] = np.eye(1, n, n - 1, dtype=bool)[0]
+    assert _fit(tmp_path, root, tmp_path / "run") == 2
+    err = capsys.readouterr().err
+    assert "observations of width 17" in err and "Hopper-v4 has 11 and 3" in err
+    assert not (tmp_path / "run").exists()

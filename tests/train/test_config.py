@@ -119,3 +119,10 @@ def test_cli_reports_bad_keys_and_missing_data_in_one_line(capsys, tmp_path):
     assert "unknown config key 'model.atention'" in capsys.readouterr().err
     assert main(["fit", "--config", "uea/Heartbeat/primalformer", "--data.root", str(tmp_path)]) == 2
     assert "timeseriesclassification.com" in capsys.readouterr().err
+
+
+def test_max_epochs_of_a_step_based_run_is_an_error_not_ignored():
+    # a vision run given --trainer.max_epochs 2 used to go on for its 4,290 configured steps
+    with pytest.raises(ConfigError, match=r"trainer.max_epochs: a step-based run stops at trainer.max_steps \(4290\)"):
+        load_config("vision/fashion_mnist/reduced/primal_plus", ["--trainer.max_epochs", "2"])
+    assert load_config("vision/fashion_mnist/reduced/primal_plus", ["--trainer.max_epochs", "-1"]).trainer.max_steps
