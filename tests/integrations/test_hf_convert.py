@@ -255,3 +255,16 @@ def test_trainer_loss_includes_the_aux_loss(tmp_path):
     n = torch.tensor(ids[:, 1:].numel())
     loss = trainer.compute_loss(model, batch, num_items_in_batch=n)
     assert torch.allclose(loss, task + aux / 2, atol=1e-6)
+
+
+def test_convert_records_on_the_models_own_config(tmp_path):
+    """Two models built from one config object: converting one leaves the other (and its saved copy) unconverted."""
+    tr = pytest.importorskip("transformers")
+    cfg = tiny("gpt2").config
+    a, b = tr.GPT2LMHeadModel(cfg).eval(), tr.GPT2LMHeadModel(cfg).eval()
+    hf.convert(a, "softmax", layers=(-1,))
+    assert a.config is not cfg and a.transformer.config is a.config  # every module of a points at a's copy
+    assert getattr(b.config, "primaldual_conversions", None) is None and b.config is cfg
+    b.save_pretrained(tmp_path / "b")
+    again = hf.from_pretrained(tr.GPT2LMHeadModel, tmp_path / "b")
+    assert not hf.converted_layers(again)

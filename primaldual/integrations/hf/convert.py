@@ -14,6 +14,7 @@ before transformers loads the weights into it.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from collections.abc import Sequence
@@ -121,8 +122,19 @@ def convert(
         setattr(blocks[i], site.attr, module)
     record = list(config_value(model, CONVERSIONS_KEY) or [])
     record.append({"attention": attention, "layers": chosen, "options": dict(options)})
+    _own_config(model)
     set_config_value(model, CONVERSIONS_KEY, record)
     return model
+
+
+def _own_config(model: nn.Module) -> None:
+    """Give ``model`` (and each of its modules that shares it) a config object of its own: models built from one
+    config share it, and the conversion record must not make the others save as converted."""
+    shared = model.config
+    own = copy.deepcopy(shared)
+    for m in model.modules():
+        if getattr(m, "config", None) is shared:
+            m.config = own
 
 
 def converted_layers(model: nn.Module) -> dict[str, HFSelfAttention]:
