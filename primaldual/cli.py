@@ -14,6 +14,7 @@ on stderr and exit code 2, without a traceback; an unexpected internal error end
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 
@@ -23,6 +24,8 @@ __all__ = ["build_parser", "main"]
 
 # Exceptions that mean "bad input": the project's own (ConfigError and TSFormatError are ValueErrors,
 # MissingDataError is a FileNotFoundError) and the built-in ones raised on bad paths and values.
+# errno values of OSErrors that are the machine's state, reported like bad input: no space, quota, read-only
+_USER_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 USER_ERRORS: tuple[type[BaseException], ...] = (
     FileNotFoundError,
     FileExistsError,
@@ -124,12 +127,21 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (``primaldual configs | head``): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
         return 1
+    except OSError as e:  # a read-only run directory, a full disk: the machine's state, not a bug of ours
+        if isinstance(e, PermissionError) or e.errno in _USER_ERRNOS:
+            print(f"{prog}: error: {_message(e)}", file=sys.stderr)
+            return 2
+        return _unexpected(prog, e)
     except Exception as e:
-        print(
-            f"{prog}: error: {type(e).__name__}: {_message(e)} (unexpected; rerun with --debug for the traceback)",
-            file=sys.stderr,
-        )
-        return 1
+        return _unexpected(prog, e)
+
+
+def _unexpected(prog: str, e: BaseException) -> int:
+    print(
+        f"{prog}: error: {type(e).__name__}: {_message(e)} (unexpected; rerun with --debug for the traceback)",
+        file=sys.stderr,
+    )
+    return 1
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ def analyze_run(
     """
     from torch.utils.data import DataLoader
 
+    from ..tasks.base import get_task
     from ..train.checkpoints import check_fits, load_checkpoint
     from ..train.run import build_datamodule, build_module, run_config
     from .report import analyze_model
@@ -51,6 +52,11 @@ def analyze_run(
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} not found (--ckpt best, last, or a path)")
     cfg = run_config(run_dir)
+    if not get_task(cfg.task).lightning:
+        raise ValueError(
+            f"{run_dir}: a {cfg.task!r} run, trained in its own loop; analyze reads the runs of the Lightning tasks "
+            "(a data module and a model to take spectra of)"
+        )
     state = load_checkpoint(path)["state_dict"]  # before any data is read: an unsafe file is refused first
     dm = build_datamodule(cfg)
     dm.prepare_data()

@@ -465,10 +465,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _int_list(text: str, flag: str) -> list[int]:
+    """A comma list of positive integers (at least one)."""
     try:
-        return [int(v) for v in text.split(",") if v.strip()]
+        values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise ValueError(f"{flag}: expected a comma list of integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"{flag}: expected a comma list of integers >= 1, got {text!r}")
+    return values
 
 
 def _options(text: str) -> dict[str, dict[str, Any]]:
@@ -501,6 +505,8 @@ def run_from_args(args: argparse.Namespace) -> int:
 
     names = [i.name for i in list_attentions() if i.capabilities.non_causal]
     attns = names if args.attentions == "all" else [a.strip() for a in args.attentions.split(",") if a.strip()]
+    if not attns:
+        raise ValueError(f"--attentions: empty; give a comma list of {[*names, *PEERS]} or 'all'")
     if args.attentions == "all" or "primal" in attns:  # the primal layer's floor rides along with it
         attns += [FLOOR] if FLOOR not in attns else []
     if args.peers:

@@ -21,8 +21,13 @@ def plot_layers(path: str | Path, out_dir: str | Path | None = None, min_length:
     import matplotlib.pyplot as plt
 
     path = Path(path)
-    data = json.loads(path.read_text())
-    records = [r for r in data["records"] if r.get("status") == "ok"]
+    try:
+        data = json.loads(path.read_text())
+        records = [r for r in data["records"] if r.get("status") == "ok"]
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError, KeyError, AttributeError) as e:
+        raise ValueError(
+            f"{path}: not a results file of `primaldual bench layers` (expected its JSON with 'records'; {e})"
+        ) from None
     out_dir = Path(out_dir) if out_dir else path.parent
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []

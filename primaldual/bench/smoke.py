@@ -17,7 +17,15 @@ __all__ = ["format_rows", "smoke"]
 
 
 def smoke(batch: int = 4, length: int = 512, dim: int = 64, heads: int = 4, repeats: int = 3) -> list[dict]:
-    """Time forward and forward+backward of every registered attention; returns one dict per row."""
+    """Time forward and forward+backward of every registered attention; returns one dict per row.
+
+    Raises:
+        ValueError: a size below 1 (``--batch``, ``--length``, ``--dim``, ``--heads``, ``--repeats``)."""
+    from ..options import check_int
+
+    for flag, value in (("--batch", batch), ("--length", length), ("--dim", dim), ("--heads", heads)):
+        check_int(flag, value, low=1)
+    check_int("--repeats", repeats, low=1)
     x = torch.randn(batch, length, dim)
     mask = torch.ones(batch, length, dtype=torch.bool)
     mask[-1, length // 2 :] = False

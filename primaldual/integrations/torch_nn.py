@@ -212,6 +212,8 @@ def resolve_layer_indices(layers: int | Sequence[int] | str, count: int, name: s
         if layers != "all":
             raise ValueError(f"{name} must be an int, a sequence of ints or 'all', got {layers!r}")
         return list(range(count))
+    if isinstance(layers, bool) or not isinstance(layers, int | Sequence):
+        raise TypeError(f"{name} must be an int, a sequence of ints or 'all', got {layers!r} ({type(layers).__name__})")
     items = [layers] if isinstance(layers, int) else list(layers)
     out = []
     for i in items:

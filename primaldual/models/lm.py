@@ -207,7 +207,9 @@ def _sample(logits: Tensor, temperature: float, top_k: int | None, gen: torch.Ge
     """Next token per row from ``logits`` ``(B, V)``: argmax at temperature 0, else a (top-k) softmax sample."""
     if temperature == 0:
         return logits.argmax(-1)
-    logits = logits.float() / temperature
+    # max subtracted first: a tiny temperature scales to -inf / 0, not inf - inf (the sample tends to the argmax)
+    logits = logits.float()
+    logits = (logits - logits.amax(-1, keepdim=True)) / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))

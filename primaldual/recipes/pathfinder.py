@@ -122,7 +122,9 @@ class PathfinderRecord:
     marker_paths: np.ndarray
 
 
-def _walks(rng: np.random.Generator, m: int, n_dash: int, cfg: PathfinderConfig, margin: int) -> np.ndarray:
+def _walks(
+    rng: np.random.Generator, m: int, n_dash: int, cfg: PathfinderConfig, margin: int, give_up: int | None = None
+) -> np.ndarray:
     """Draw ``m`` in-bounds dashed walks; returns dash end points (m, n_dash, 2, 2) as (dash, start/end, row/col).
 
     Each turn is uniform in [-max_turn, max_turn]; when two more dashes in the new direction would leave the image,
@@ -133,6 +135,7 @@ def _walks(rng: np.random.Generator, m: int, n_dash: int, cfg: PathfinderConfig,
     step = cfg.dash_length + cfg.gap
     out = np.empty((0, n_dash, 2, 2))
     acc = 0.5  # running estimate of the share of walks that stay inside, to size each batch of draws
+    barren = 0  # consecutive batches without one walk inside: the settings cannot be met, so stop rather than hang
     while len(out) < m:
         k = min(int((m - len(out)) / acc * 1.2) + 64, 400_000)
         p = rng.uniform(lo, hi, (k, 2))  # (k, 2) current point (row, col)
@@ -158,7 +161,21 @@ def _walks(rng: np.random.Generator, m: int, n_dash: int, cfg: PathfinderConfig,
         ok = ((seg >= lo) & (seg <= hi)).all(axis=(1, 2, 3))
         acc = max(float(ok.mean()), 0.01)
         out = np.concatenate([out, seg[ok]])
+        barren = 0 if ok.any() else barren + 1
+        if barren >= (give_up or _GIVE_UP):
+            raise ValueError(_impossible(cfg, n_dash, f"none of {barren} batches of walks stayed inside the image"))
     return out[:m]
+
+
+_GIVE_UP = 20  # batches in a row without progress before the settings are reported as impossible
+_PROBE_SEED = 0x5A7F1DE  # the feasibility probe's own stream
+
+
+def _impossible(cfg: PathfinderConfig, n_dash: int, why: str) -> str:
+    return (
+        f"contour_length / distractor_length: {n_dash} dashes of {cfg.dash_length:g} + {cfg.gap:g} px do not fit a "
+        f"{cfg.size} x {cfg.size} image with these settings ({why}); use fewer dashes or a larger --size"
+    )
 
 
 def _dash_pixels(seg: np.ndarray, cfg: PathfinderConfig) -> np.ndarray:
@@ -197,7 +214,7 @@ def _square(centres: np.ndarray, half: int) -> np.ndarray:
 
 
 def _chunk(
-    seed_seq: np.random.SeedSequence, n: int, cfg: PathfinderConfig
+    seed_seq: np.random.SeedSequence, n: int, cfg: PathfinderConfig, give_up: int | None = None
 ) -> tuple[np.ndarray, np.ndarray, PathfinderRecord]:
     """Generate ``n`` images (labels exactly balanced up to one)."""
     rng = np.random.default_rng(seed_seq)
@@ -208,11 +225,13 @@ def _chunk(
     ends = rng.integers(0, 2, (n, 2))  # which end of each target carries a marker in a negative image
     todo = np.arange(n)
     acc = 0.2  # running estimate of the share of candidate pairs that are kept
+    barren = 0  # consecutive rounds that placed no image: the settings cannot be met, so stop rather than hang
     while len(todo):
         reps = int(min(math.ceil(1.5 / acc), max(1, 200_000 // len(todo))))
         cand = np.repeat(todo, reps)  # (m,) image index of each candidate
         m = len(cand)
-        seg = _walks(rng, 2 * m, cfg.contour_length, cfg, margin=half).reshape(m, 2, cfg.contour_length, 2, 2)
+        seg = _walks(rng, 2 * m, cfg.contour_length, cfg, margin=half, give_up=give_up)
+        seg = seg.reshape(m, 2, cfg.contour_length, 2, 2)  # (m, 2 paths, dashes, start/end, row/col)
         first = np.rint(seg[:, :, 0, 0, :]).astype(np.int64)  # (m, 2 paths, 2): start of each path
         last = np.rint(seg[:, :, -1, 1, :]).astype(np.int64)  # (m, 2, 2): end of each path
         both = np.stack([first, last], axis=2)  # (m, 2 paths, 2 ends, 2)
@@ -242,6 +261,10 @@ def _chunk(
         targets[won] = seg[pick]
         markers[won] = mk[pick]
         todo = np.setdiff1d(todo, won)
+        barren = 0 if len(won) else barren + 1
+        if barren >= (give_up or _GIVE_UP):
+            why = "no two separated target paths with markers far enough apart were found"
+            raise ValueError(_impossible(cfg, cfg.contour_length, why))
 
     # Rasterise targets and markers, with a path map as ground truth.
     path_map = np.full((n, s, s), -1, dtype=np.int8)
@@ -296,6 +319,8 @@ def generate_pathfinder(
         raise ValueError(
             f"n, chunk_size, workers: expected n >= 0 and positive others, got {n}, {chunk_size}, {workers}"
         )
+    if n:  # settings that admit no image fail here in seconds (its own random stream: the output is unchanged)
+        _chunk(np.random.SeedSequence(_PROBE_SEED), 8, config, give_up=3)
     sizes = [min(chunk_size, n - i) for i in range(0, n, chunk_size)]
     seqs = np.random.SeedSequence(seed).spawn(len(sizes))
     results = []

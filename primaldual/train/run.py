@@ -259,6 +259,8 @@ def evaluate(
             "summary.json); validate / test do not apply"
         )
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
+    if not isinstance(ckpt, str) or not ckpt.strip():
+        raise ValueError(f"--ckpt: expected best, last or a checkpoint path, got {ckpt!r}")
     path = run_dir / "checkpoints" / f"{ckpt}.ckpt" if ckpt in ("best", "last") else Path(ckpt)
     if ckpt in ("best", "last") and not run_dir.is_dir():
         raise FileNotFoundError(

@@ -396,6 +396,9 @@ def fetch_english(
     ``apt-get download`` (kept in ``<cache>/debs``, so a second fetch needs no network). An existing corpus is
     returned as it is unless ``force``.
     """
+    from ...options import check_int
+
+    check_int("--vocab-size", vocab_size, low=256 + len(SPECIAL_TOKENS))  # before minutes of extraction
     out_dir = Path(out) if out is not None else dataset_dir("english")
     if (out_dir / "metadata.json").is_file() and not force:
         return out_dir
