@@ -34,6 +34,12 @@ backend) or disagrees, the layer warns once, naming the cause, and stays eager. 
 (``model.compile()``, ``trainer.compile``) the layer adds no region of its own. Hooks on ``head_outputs`` and
 ``need_weights=True`` take the eager path.
 
+**Evaluation path** (``path``): ``"auto"`` (default) evaluates long sequences on CPU in the rotated basis of
+:mod:`primaldual.functional.primal_rotated` and the rest on the score paths of :mod:`primaldual.functional.primal`
+(folded or per-head scores, by cost), deciding per call by shape, device, compiled or not and whether a backward
+pass follows, against ``thresholds`` (:class:`~primaldual.functional.primal_rotated.RotatedThresholds`).
+``"rotated"`` and ``"scores"`` force one of the two; all of them give the same outputs and gradients up to rounding.
+
 ``need_weights=True`` returns the implicit asymmetric kernel ``phi_q(Q) phi_k(K)^T`` per head
 ``(B, H, N, N)`` (causal: of the prefix-mean features, lower triangle), the matrix whose SVD the KSVD
 objective is about. It is not a mixing matrix: the output is not ``weights @ v``.
@@ -42,7 +48,9 @@ objective is about. It is not a mixing matrix: the output is not ``weights @ v``
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import torch
@@ -63,13 +71,15 @@ from ..functional.primal import (
     primal_scores_from_input,
     sample_tokens,
 )
-from ..functional.primal_rotated import primal_output_rotated, use_rotated
+from ..functional.primal_rotated import DEFAULT_THRESHOLDS, RotatedThresholds, primal_output_rotated, use_rotated
 from ..options import check_bool, check_choice, check_int, check_number
 from .base import AttentionLayer
 from .capabilities import Capabilities
 from .registry import register_attention
 
-__all__ = ["PrimalAttention", "PrimalState"]
+__all__ = ["PATHS", "PrimalAttention", "PrimalState", "RotatedThresholds"]
+
+PATHS = ("auto", "rotated", "scores")
 
 
 class PrimalState(NamedTuple):
@@ -102,6 +112,26 @@ def _compiled_core():
     if _COMPILED_CORE is None:
         _COMPILED_CORE = torch.compile(PrimalAttention._core, dynamic=None)
     return _COMPILED_CORE
+
+
+def _check_thresholds(value: RotatedThresholds | Mapping[str, int] | None) -> RotatedThresholds:
+    """The ``thresholds`` option as a :class:`RotatedThresholds` (None: the defaults; a mapping: its fields)."""
+    if value is None:
+        return DEFAULT_THRESHOLDS
+    if isinstance(value, RotatedThresholds):
+        return value
+    if isinstance(value, Mapping):
+        names = [f.name for f in dataclasses.fields(RotatedThresholds)]
+        unknown = [k for k in value if k not in names]
+        if unknown:
+            raise ValueError(
+                f"thresholds: unknown field(s) {', '.join(map(repr, unknown))}; RotatedThresholds has {', '.join(names)}"
+            )
+        return RotatedThresholds(**value)
+    raise TypeError(
+        f"thresholds must be a RotatedThresholds, a mapping of its fields or None, got {value!r} "
+        f"({type(value).__name__})"
+    )
 
 
 def _disagreement(a: Tensor, b: Tensor) -> str | None:
@@ -144,6 +174,22 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
             code: J per sample, squared, averaged over the batch).
         eps: zero-norm guard of the feature map.
         compile: run the core as one ``torch.compile`` region with an eager fallback (see the module docstring).
+        path: how the sequence forward is evaluated (see the module docstring):
+
+            * ``"auto"``: by cost, :func:`~primaldual.functional.primal_rotated.use_rotated` against ``thresholds``
+              (the rotated basis on CPU for long sequences when a backward pass follows, else the score paths).
+            * ``"rotated"``: always the rotated basis, also without a backward pass (slower there, but correct) and
+              on CUDA (its ``torch.linalg.eigh`` reads LAPACK's error codes back to the host on every call, which
+              on CUDA synchronises the device: no CUDA graphs; ``"auto"`` never takes it there).
+              ``need_weights=True`` computes the kernel matrix beside it. Hooks on ``head_outputs`` raise a
+              ``ValueError``: the rotated basis never forms the per-head outputs they observe.
+            * ``"scores"``: always the score paths (folded or per-head scores, by cost).
+
+            :meth:`step` decodes one token from its running state whatever the path (there is no sequence to
+            rotate); its output equals the forward's on either path.
+        thresholds: where ``path="auto"`` switches to the rotated basis: a
+            :class:`~primaldual.functional.primal_rotated.RotatedThresholds`, or a mapping of its fields (from a
+            config file; the fields left out keep their defaults); None: the defaults. Unused by the other paths.
         Remaining arguments as :class:`~primaldual.attention.base.AttentionLayer`; ``qkv_bias`` is the
         bias of the Q/K projection; ``attn_drop`` must be 0 (there is no attention matrix).
     """
@@ -165,6 +211,8 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         ksvd_reduction: str = "global",
         eps: float = 1e-12,
         compile: bool = False,
+        path: str = "auto",
+        thresholds: RotatedThresholds | Mapping[str, int] | None = None,
         **kw,
     ) -> None:
         if kw.get("attn_drop", 0.0):
@@ -179,6 +227,8 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         eta = check_number("eta", eta, low=0.0)
         eps = check_number("eps", eps, low=0.0, low_open=True)
         check_bool("compile", compile)
+        check_choice("path", path, PATHS)
+        thresholds = _check_thresholds(thresholds)
         if data_dependent is not None:
             check_bool("data_dependent", data_dependent)
         if data_dependent is None:
@@ -201,6 +251,8 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         self.aux_loss_weight = float(eta)
         self.eps = float(eps)
         self.compile_core = compile
+        self.path = path
+        self.thresholds = thresholds
         self._compile_state = "unchecked"  # "unchecked" | "ok" | "eager" (failed or disagreed: stays eager)
         fk = {"device": kw.get("device"), "dtype": kw.get("dtype")}
         H, p = num_heads, self.head_dim
@@ -303,11 +355,21 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         ho = self.head_outputs
         observed = bool(ho._forward_pre_hooks or ho._forward_hooks)
         ksvd = self.records_aux_loss()  # skipped under no_grad
+        if observed and self.path == "rotated":
+            raise ValueError(
+                "path='rotated' never forms the per-head outputs that hooks on head_outputs observe; "
+                "build the layer with path='scores' (or 'auto') to observe them"
+            )
         if not (need_weights or observed):
             out, term = self._core_maybe_compiled(x, mask, p, ksvd)
             if term is not None:
                 self.add_aux_loss(term)
             return self.proj_drop(out), None
+        if self.path == "rotated":  # the output from the eager rotated core, the kernel matrix beside it
+            out, term = self._core(x, mask, p, ksvd)
+            if term is not None:
+                self.add_aux_loss(term)
+            return self.proj_drop(out), self._kernel_weights(x, mask, p)
         exact_mask = mask if self.padding == "exact" else None
         # causal: q, k are affine in x, so the prefix means of q and k are q, k of the prefix means of x
         src = causal_prefix_mean(x, exact_mask) if self.causal else x  # (B, N, C)
@@ -329,18 +391,32 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
             out = F.linear(scores.view(B, N, -1), weight, bias)  # (B, N, H*2s) -> (B, N, C)
         weights = None
         if need_weights:
-            phi = cosine_feature_map(qk, self.eps).permute(2, 0, 3, 1, 4)  # (2, B, H, N, p)
-            weights = primal_kernel(phi[0], phi[1], mask, self.causal)
+            weights = self._kernel_from_qk(qk, mask)
         return self.proj_drop(out), weights
 
+    def _kernel_from_qk(self, qk: Tensor, mask: Tensor | None) -> Tensor:
+        """``need_weights``: the kernel matrix ``(B, H, N, N)`` from the unnormalised ``(B, N, 2, H, p)`` queries / keys."""
+        phi = cosine_feature_map(qk, self.eps).permute(2, 0, 3, 1, 4)  # (2, B, H, N, p)
+        return primal_kernel(phi[0], phi[1], mask, self.causal)
+
+    def _kernel_weights(self, x: Tensor, mask: Tensor | None, p: dict[str, Tensor | None]) -> Tensor:
+        """``need_weights`` beside the rotated core, which forms no queries / keys: ``(B, H, N, N)``."""
+        B, N, _ = x.shape
+        src = causal_prefix_mean(x, mask if self.padding == "exact" else None) if self.causal else x  # (B, N, C)
+        qk = F.linear(src, p["qk_w"], p["qk_b"]).view(B, N, 2, self.num_heads, self.head_dim)  # (B, N, 2, H, p)
+        return self._kernel_from_qk(qk, mask)
+
     def _rotated(self, x: Tensor, p: dict[str, Tensor | None], compiled: bool | None = None) -> bool:
-        """Whether the core evaluates in the rotated basis (:func:`~primaldual.functional.primal_rotated.use_rotated`:
-        by length, device, compiled or not (default: whether a trace is running) and whether a backward follows)."""
+        """Whether the core evaluates in the rotated basis: as ``path`` says, or for ``"auto"``
+        :func:`~primaldual.functional.primal_rotated.use_rotated` against ``thresholds`` (by length, device, compiled
+        or not (default: whether a trace is running) and whether a backward follows)."""
+        if self.path != "auto":
+            return self.path == "rotated"
         backward = torch.is_grad_enabled() and (
             x.requires_grad or any(v is not None and v.requires_grad for v in p.values())
         )
         B, N, _ = x.shape
-        return use_rotated(B, N, self.data_dependent, compiled, x.device.type, backward)
+        return use_rotated(B, N, self.data_dependent, compiled, x.device.type, backward, thresholds=self.thresholds)
 
     def _core(
         self,
@@ -477,5 +553,8 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         n = f"n={self.n}" if self.data_dependent else "data_dependent=False"
         return (
             f"{super().extra_repr()}, s={self.s}, {n}, eta={self.aux_loss_weight}, padding={self.padding!r}, "
-            f"ksvd_reduction={self.ksvd_reduction!r}" + (", compile=True" if self.compile_core else "")
+            f"ksvd_reduction={self.ksvd_reduction!r}"
+            + (", compile=True" if self.compile_core else "")
+            + (f", path={self.path!r}" if self.path != "auto" else "")
+            + (f", thresholds={self.thresholds}" if self.thresholds != DEFAULT_THRESHOLDS else "")
         )

@@ -24,45 +24,60 @@ than s, all-padding samples) differentiate as well as full-rank ones. Multiply-a
 backward: the floor's ``3 (C 2C + 2H s C)`` plus ``(p - k) C`` and ``G p k`` (the complement's output-map
 gradient and the energies' Gram), against ``3 C 2H s`` more for the folded scores.
 
-Each call pays a QR and, when the energies are computed, an eigendecomposition per group and sample (tens of
-microseconds each on a CPU; without energies the QR's basis is enough), so
-:func:`use_rotated` keeps short sequences with data-dependent weights on the score paths of
-:mod:`primaldual.functional.primal`, and so do forwards with no backward to follow (the saving is in the gradient's
-GEMMs) and CUDA devices (where the eigendecomposition synchronises with the host).
+Each call pays a QR and, when the energies are computed, an eigendecomposition per group and sample (small, but
+serial on one core), so the rotated basis pays only for long sequences and when a backward pass follows (its saving
+is in the gradient's GEMMs). :func:`use_rotated` decides by shape against a :class:`RotatedThresholds`; the layer's
+``path`` option can force either evaluation (``docs/primal_attention.md``, "Fast paths"; the measurements behind the
+default thresholds are in ``docs/benchmarks.md`` section 1b).
 
 Hand-written: the rotation and its gradients are this library's own derivation; the tensor work is plain torch.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["primal_output_rotated", "rotated_basis", "use_rotated"]
+from ..options import check_int
 
-# tokens per sample from which data-dependent weights take the rotated path, compiled / eager: below it the
-# per-sample QR and eigendecomposition and the rotated path's extra small ops cost more than the GEMM work they save.
-# Measured forward+backward, B = 4, width 64, 2 heads, s = 20, 2 CPU threads, interleaved in one process against the
-# folded scores: compiled 0.90x at 1,024 tokens (0.98x on one thread: the decompositions run on one core however
-# many there are, so the more cores, the later the crossover), 0.99x at 2,048, 1.03-1.18x faster at 2,560,
-# 1.04-1.08x at 3,072 and 1.09x at 4,096; eager 1.00x at 1,024, 1.02-1.04x at 2,048 and 1.09x at 4,096.
-# These constants are read at every call: assign new values here to override them (a compiled layer recompiles);
-# benchmarks/rotated_crossover.py measures the crossover on the machine at hand.
-MIN_TOKENS_COMPILED = 2560
-MIN_TOKENS_EAGER = 2048
-# data-independent weights (the causal layer) pay one decomposition per group per call whatever the batch, so the
-# choice goes by rows (batch x tokens). Measured as above, causal: compiled 0.83x at 1,024 rows, 0.92-1.00x at
-# 4,096, 0.95x at 8,192, 1.03x faster at 16,384; eager 0.74x at 1,024, 0.96-0.98x at 4,096, 1.03x at 8,192 and
-# 1.08x at 16,384.
-MIN_ROWS_SHARED_COMPILED = 16384
-MIN_ROWS_SHARED_EAGER = 8192
-# forward only (no backward to follow, no energies): the saving is in the gradient GEMMs, so without a backward the
-# rotated path pays its decompositions and extra passes for little. Measured forward under no_grad as above, rotated
-# vs folded: eager 0.94x at 16,384 tokens and 0.78x at 65,536 (never taken); compiled 0.80x at 2,048, level at 4,096
-# (0.98-1.10x) and 8,192 (1.02x), 1.43x faster at 16,384. The causal layer's shared weights: 0.55-0.91x eager,
-# 0.88-0.96x compiled at 1,024 and 4,096 tokens (never taken).
-MIN_TOKENS_FORWARD_COMPILED = 16384
+__all__ = ["DEFAULT_THRESHOLDS", "RotatedThresholds", "primal_output_rotated", "rotated_basis", "use_rotated"]
+
+
+@dataclass(frozen=True)
+class RotatedThresholds:
+    """Where :func:`use_rotated` starts taking the rotated basis (each a positive int; frozen, checked on creation).
+
+    The defaults are the crossovers against the folded scores measured on 2 CPU threads (``docs/benchmarks.md``
+    section 1b). The decompositions run on one core however many there are, so the more cores share the rest of
+    the pass, the later the crossover: ``benchmarks/rotated_crossover.py`` measures it on another machine.
+
+    Attributes:
+        min_tokens_compiled: tokens per sample from which data-dependent weights take the rotated basis inside a
+            ``torch.compile`` graph, when a backward pass follows.
+        min_tokens_eager: the same, eager.
+        min_rows_shared_compiled: rows (batch x tokens) from which data-independent weights (the causal layer: one
+            decomposition per group for the whole batch) take it, compiled, when a backward pass follows.
+        min_rows_shared_eager: the same, eager.
+        min_tokens_forward_compiled: tokens per sample from which a compiled forward with no backward to follow
+            takes it (data-dependent weights only; eager forwards and shared weights keep the score paths).
+    """
+
+    min_tokens_compiled: int = 2560
+    min_tokens_eager: int = 2048
+    min_rows_shared_compiled: int = 16384
+    min_rows_shared_eager: int = 8192
+    min_tokens_forward_compiled: int = 16384
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            check_int(f"thresholds.{f.name}", getattr(self, f.name), low=1)
+
+
+DEFAULT_THRESHOLDS = RotatedThresholds()
+"""The default thresholds (frozen): what the primal layer uses unless given ``thresholds=``."""
 
 
 def use_rotated(
@@ -72,24 +87,33 @@ def use_rotated(
     compiled: bool | None = None,
     device_type: str = "cpu",
     backward: bool = True,
+    *,
+    thresholds: RotatedThresholds = DEFAULT_THRESHOLDS,
 ) -> bool:
     """Whether :func:`primal_output_rotated` is the cheaper evaluation for this shape (see the module docstring).
 
-    ``compiled`` (default: whether a ``torch.compile`` trace is running) selects the compiled or eager threshold;
-    ``backward``: whether a backward pass will follow (inference takes the rotated path only compiled, from
-    16,384 tokens per sample). CPU only: on CUDA ``torch.linalg.eigh`` synchronises the device with the host (it
-    checks LAPACK's error codes), which the layer's forward must not do (CUDA graphs, ``fullgraph=True``), and the
-    thresholds were measured on CPUs.
+    Args:
+        batch, tokens: the input's ``B`` and ``N``.
+        data_dependent: per-sample ``W`` (decided by tokens per sample) or shared ``W`` (by rows, ``B N``).
+        compiled: the compiled or the eager thresholds (None: whether a ``torch.compile`` trace is running).
+        device_type: CPU only: on CUDA ``torch.linalg.eigh`` synchronises the device with the host (it checks
+            LAPACK's error codes), which the layer's forward must not do unasked (CUDA graphs, ``fullgraph=True``).
+        backward: whether a backward pass will follow (without one: compiled data-dependent weights only, from
+            ``thresholds.min_tokens_forward_compiled``).
+        thresholds: where each case starts (:class:`RotatedThresholds`).
+
+    Reads nothing but its arguments (and, for ``compiled=None``, whether a trace is running).
     """
     if device_type != "cpu":
         return False
     if compiled is None:
         compiled = torch.compiler.is_compiling()
+    t = thresholds
     if not backward:
-        return data_dependent and compiled and tokens >= MIN_TOKENS_FORWARD_COMPILED
+        return data_dependent and compiled and tokens >= t.min_tokens_forward_compiled
     if data_dependent:
-        return tokens >= (MIN_TOKENS_COMPILED if compiled else MIN_TOKENS_EAGER)
-    return batch * tokens >= (MIN_ROWS_SHARED_COMPILED if compiled else MIN_ROWS_SHARED_EAGER)
+        return tokens >= (t.min_tokens_compiled if compiled else t.min_tokens_eager)
+    return batch * tokens >= (t.min_rows_shared_compiled if compiled else t.min_rows_shared_eager)
 
 
 def rotated_basis(w: Tensor, lam: Tensor | None) -> Tensor:
@@ -178,9 +202,7 @@ class _FeatureMap(torch.autograd.Function):
     twice (the norm's reduction and its element-wise step), a full extra pass. Written out, with
     ``s = sum_j g_j y_j`` and ``g = dy + c m A y``, ``s`` takes the energy's share from the forward's per-token
     energy and each gradient is one element-wise expression: ``dq_y = inv (g - s y)``, ``dq_z = inv (dz - s z)``
-    (``s = 0`` where the norm is clamped at eps). Measured forward+backward, B = 4, width 64, 2 heads, s = 20, 2 CPU
-    threads, one process beside the autograd version: compiled 7-10% faster at 4,096 tokens and 6% at 16,384, level
-    at 1,024 (where the per-call costs dominate); eager level at 4,096.
+    (``s = 0`` where the norm is clamped at eps).
     """
 
     @staticmethod

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 import primaldual as pd
-import primaldual.attention.primal as primal_layer_module
 import primaldual.functional.primal as primal_functional
 from primaldual.attention.primal import PrimalAttention
+from primaldual.functional.primal_rotated import DEFAULT_THRESHOLDS, RotatedThresholds
 from primaldual.naive.primal import ksvd_term_ref, primal_attention_ref, primal_params_from_layer
 from tests.conftest import rel_err
 
 B, N, DIM, H = 3, 23, 12, 3
 
 
-def _layer(**opts) -> PrimalAttention:
+def _layer(num_heads: int = H, **opts) -> PrimalAttention:
     torch.manual_seed(1)
-    layer = pd.build_attention("primal", DIM, H, dtype=torch.float64, **opts)
+    layer = pd.build_attention("primal", DIM, num_heads, dtype=torch.float64, **opts)
     # random (not default) biases and Lambda so every term is exercised
     with torch.no_grad():
         for p in layer.parameters():
@@ -47,7 +48,7 @@ def _compare(layer: PrimalAttention, mask: torch.Tensor | None) -> None:
     out_r, e_r, r_r = primal_attention_ref(
         x,
         ref_params,
-        H,
+        layer.num_heads,
         mask,
         causal=layer.causal,
         data_dependent=layer.data_dependent,
@@ -64,12 +65,33 @@ def _compare(layer: PrimalAttention, mask: torch.Tensor | None) -> None:
         assert rel_err(a, b) < 1e-10, name
 
 
-@pytest.fixture(params=["folded", "per_head", "rotated"])
-def scores_path(request, monkeypatch):
-    """The three evaluations (``use_rotated`` and ``fold_scores`` pick by cost): every comparison runs with each."""
-    monkeypatch.setattr(primal_functional, "fold_scores", lambda *a: request.param == "folded")
-    monkeypatch.setattr(primal_layer_module, "use_rotated", lambda *a, **k: request.param == "rotated")
-    return request.param
+class LinalgCalls(TorchFunctionMode):
+    """Records which of ``torch.linalg.qr`` / ``torch.linalg.eigh`` run inside it: the rotated basis's QR (and, with
+    the KSVD energies, its eigendecomposition) is how a test sees which evaluation a layer took."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.linalg.qr or func is torch.linalg.eigh:
+            self.seen.append("qr" if func is torch.linalg.qr else "eigh")
+        return func(*args, **(kwargs or {}))
+
+
+# the layer option and head count of each evaluation: with 12 channels and 23 tokens, fold_scores folds for 2 heads
+# and multiplies per head for 3 (it weighs C + N H against 3 N; B and s cancel)
+EVALUATIONS = {"folded": ("scores", 2), "per_head": ("scores", 3), "rotated": ("rotated", 3)}
+
+
+@pytest.fixture(params=list(EVALUATIONS))
+def scores_path(request) -> dict:
+    """The three evaluations as layer options (``path``, and the head count that makes ``fold_scores`` fold or not):
+    every comparison runs with each."""
+    path, heads = EVALUATIONS[request.param]
+    if path == "scores":
+        assert primal_functional.fold_scores(B, N, DIM, heads, 4) == (request.param == "folded")
+    return {"path": path, "num_heads": heads}
 
 
 @pytest.mark.parametrize("reduction", ["global", "sample"])
@@ -77,60 +99,135 @@ def scores_path(request, monkeypatch):
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 def test_matches_reference(causal, masked, padding, reduction, scores_path):
-    layer = _layer(causal=causal, padding=padding, ksvd_reduction=reduction, s=4, rank_multi=2)
+    layer = _layer(causal=causal, padding=padding, ksvd_reduction=reduction, s=4, rank_multi=2, **scores_path)
     _compare(layer, _mask() if masked else None)
 
 
 @pytest.mark.parametrize("opts", [{"n": 40}, {"n": 1}, {"data_dependent": False}, {"qkv_bias": False, "s": 7}])
 def test_matches_reference_options(opts, scores_path):
-    _compare(_layer(**opts), _mask())
+    _compare(_layer(**opts, **scores_path), _mask())
 
 
 @pytest.mark.parametrize("s", [1, 2, 3])
 @pytest.mark.parametrize("padding", ["exact", "reference"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_rotated_matches_reference_below_head_width(causal, padding, s, monkeypatch):
+def test_rotated_matches_reference_below_head_width(causal, padding, s):
     # s < head width: the rotated basis has a complement (k = s < p = 4) whose zero-valued rows carry gradient.
     # Sample 0 has one real token and sample 1 none, so their data-dependent W_e, W_r are rank 1 and 0.
-    monkeypatch.setattr(primal_layer_module, "use_rotated", lambda *a, **k: True)
     mask = _mask()
     mask[0, 1:] = False
     mask[1] = False
     for reduction in ("global", "sample"):
-        _compare(_layer(causal=causal, padding=padding, ksvd_reduction=reduction, s=s, rank_multi=3), mask)
-    _compare(_layer(causal=causal, padding=padding, s=s, qkv_bias=False), None)
+        layer = _layer(causal=causal, padding=padding, ksvd_reduction=reduction, s=s, rank_multi=3, path="rotated")
+        _compare(layer, mask)
+    _compare(_layer(causal=causal, padding=padding, s=s, qkv_bias=False, path="rotated"), None)
 
 
 def test_rotated_choice_by_length():
     from primaldual.functional.primal_rotated import use_rotated
 
-    assert use_rotated(4, 4096, data_dependent=True)  # the LRA shapes
-    assert not use_rotated(4, 1024, data_dependent=True, compiled=True)  # Image / Pathfinder: the folded scores
-    assert not use_rotated(16, 29, data_dependent=True, compiled=True)  # JapaneseVowels: decompositions cost more
-    assert use_rotated(4, 4096, data_dependent=False)  # one decomposition per group for the whole batch
+    t = DEFAULT_THRESHOLDS
+    assert use_rotated(4, 4096, data_dependent=True, thresholds=t)  # the LRA shapes
+    assert not use_rotated(4, 1024, data_dependent=True, compiled=True, thresholds=t)  # Image / Pathfinder: folded
+    assert not use_rotated(16, 29, data_dependent=True, compiled=True, thresholds=t)  # JapaneseVowels
+    assert use_rotated(4, 4096, data_dependent=False, thresholds=t)  # one decomposition per group for the batch
 
 
-def test_rotated_only_when_a_backward_follows(monkeypatch):
+def test_rotated_only_when_a_backward_follows():
     # the rotated evaluation saves gradient GEMMs; inference (no_grad) at the LRA shape keeps the folded scores
-    import primaldual.functional.primal_rotated as rotated_module
-
-    calls = []
-    real = rotated_module.primal_output_rotated
-
-    def spy(*args, **kwargs):
-        calls.append(kwargs.get("with_energy"))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(primal_layer_module, "primal_output_rotated", spy)
     layer = pd.build_attention("primal", 16, 2, s=4)
     x = torch.randn(1, 2048, 16)
-    with torch.no_grad():
+    with torch.no_grad(), LinalgCalls() as calls:
         ref = layer(x)
-    assert calls == []
-    out = layer(x)  # parameters require gradients: the rotated evaluation, with the energies for the KSVD term
-    assert calls == [True]
+    assert calls.seen == []
+    with LinalgCalls() as calls:
+        out = layer(x)  # parameters require gradients: the rotated evaluation, with the energies for the KSVD term
+    assert calls.seen == ["qr", "eigh"]
     assert torch.allclose(out, ref, rtol=1e-4, atol=1e-5)
     layer.pop_aux_losses()
+
+
+@pytest.mark.parametrize("path,grad,taken", [("rotated", False, ["qr"]), ("scores", True, []), ("auto", True, [])])
+def test_path_option_forces_the_evaluation(path, grad, taken):
+    # "rotated" also without a backward (the QR only: no KSVD term, so no energies), "scores" also where "auto" would
+    # rotate; "auto" with thresholds past the length keeps the score paths
+    thresholds = RotatedThresholds(min_tokens_eager=4096) if path == "auto" else None
+    layer = pd.build_attention("primal", 16, 2, s=4, path=path, thresholds=thresholds)
+    x = torch.randn(1, 2048 if grad else 16, 16)
+    with torch.set_grad_enabled(grad), LinalgCalls() as calls:
+        layer(x)
+    assert calls.seen == taken
+    layer.pop_aux_losses()
+
+
+def test_custom_thresholds_move_the_crossover():
+    layer = pd.build_attention("primal", 16, 2, s=4, thresholds={"min_tokens_eager": 32})
+    assert layer.thresholds == RotatedThresholds(min_tokens_eager=32)
+    for n, taken in ((31, []), (32, ["qr", "eigh"])):
+        with LinalgCalls() as calls:
+            layer(torch.randn(2, n, 16))
+        assert calls.seen == taken, n
+    layer.pop_aux_losses()
+
+
+def _pass(layer: PrimalAttention, x: torch.Tensor, mask: torch.Tensor | None, g: torch.Tensor) -> list[torch.Tensor]:
+    """Output, KSVD term (through ``collect_aux_loss``) and the gradients of the input and every parameter."""
+    x = x.clone().requires_grad_()
+    out = layer(x, mask)
+    aux = pd.collect_aux_loss(layer)
+    grads = torch.autograd.grad((out * g).sum() + aux, [x, *layer.parameters()])
+    return [out, aux, *grads]
+
+
+@pytest.mark.parametrize("reduction", ["global", "sample"])
+@pytest.mark.parametrize("padding", ["exact", "reference"])
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("weights", ["data_dependent", "shared", "causal"])
+def test_rotated_and_scores_paths_agree(weights, masked, padding, reduction):
+    # the same layer forced onto each path: outputs, the collected KSVD term and every gradient, float64
+    opts = {"causal": True} if weights == "causal" else {"data_dependent": weights == "data_dependent"}
+    opts |= {"padding": padding, "ksvd_reduction": reduction, "s": 3, "rank_multi": 3, "eta": 0.7}
+    x = torch.randn(B, N, DIM, dtype=torch.float64)
+    g = torch.randn(B, N, DIM, dtype=torch.float64)
+    mask = _mask() if masked else None
+    got = {path: _pass(_layer(path=path, **opts), x, mask, g) for path in ("rotated", "scores")}
+    names = ["out", "aux", "x"] + [n for n, _ in _layer(**opts).named_parameters()]
+    for name, a, b in zip(names, got["rotated"], got["scores"], strict=True):
+        assert rel_err(a, b) < 1e-10, name
+    if masked and padding == "exact":
+        assert (got["rotated"][0][~mask] == 0).all()
+
+
+def test_rotated_path_with_weights_decoding_and_hooks():
+    x = torch.randn(B, N, DIM, dtype=torch.float64)
+    for causal in (False, True):
+        rotated, scores = _layer(causal=causal, path="rotated"), _layer(causal=causal, path="scores")
+        out, w = rotated(x, _mask(), need_weights=True)  # the kernel matrix beside the rotated core
+        out_s, w_s = scores(x, _mask(), need_weights=True)
+        assert rel_err(out, out_s) < 1e-10 and rel_err(w, w_s) < 1e-12
+    # step() decodes from its state whatever the path, and equals the forward on the rotated path
+    layer = _layer(causal=True, path="rotated", s=5)
+    full = layer(x)
+    state = layer.init_state(B)
+    for t in range(N):
+        y, state = layer.step(x[:, t], state)
+        assert rel_err(y, full[:, t]) < 1e-10, t
+    # the rotated basis never forms per-head outputs: observing them is an error naming the option
+    handle = layer.head_outputs.register_forward_hook(lambda *a: None)
+    with pytest.raises(ValueError, match="path='rotated'.*head_outputs"):
+        layer(x)
+    handle.remove()
+
+
+def test_thresholds_are_frozen_and_checked():
+    t = RotatedThresholds(min_tokens_compiled=4096)
+    assert t.min_tokens_eager == DEFAULT_THRESHOLDS.min_tokens_eager
+    with pytest.raises(AttributeError):
+        t.min_tokens_compiled = 1  # frozen: a changed crossover is a new object, passed as an option
+    with pytest.raises(ValueError, match=r"thresholds.min_rows_shared_eager must be an int >= 1, got 0"):
+        RotatedThresholds(min_rows_shared_eager=0)
+    with pytest.raises(TypeError, match=r"thresholds.min_tokens_eager must be an int >= 1, got 2048.0 \(float\)"):
+        RotatedThresholds(min_tokens_eager=2048.0)
 
 
 def test_fold_choice_by_cost():
@@ -258,6 +355,13 @@ def test_lambda_and_projection_weights_get_gradients():
         ({"causal": True, "data_dependent": True}, "data_dependent=True is not causal"),
         ({"head_dim": 5}, "num_heads \\* head_dim must equal dim"),
         ({"attn_drop": 0.1}, "attn_drop must be 0"),
+        ({"path": 1}, "path must be one of 'auto', 'rotated', 'scores'; got 1"),
+        ({"path": "Rotated"}, "path must be one of 'auto', 'rotated', 'scores'; got 'Rotated'"),
+        ({"path": None}, "path must be one of"),
+        ({"thresholds": 4096}, "thresholds must be a RotatedThresholds, a mapping of its fields or None, got 4096"),
+        ({"thresholds": {"min_tokens": 4096}}, "thresholds: unknown field.*'min_tokens'.*min_tokens_compiled"),
+        ({"thresholds": {"min_tokens_eager": -1}}, "thresholds.min_tokens_eager must be an int >= 1, got -1"),
+        ({"thresholds": {"min_tokens_eager": "4096"}}, "thresholds.min_tokens_eager must be an int >= 1, got '4096'"),
     ],
 )
 def test_option_errors(opts, err):

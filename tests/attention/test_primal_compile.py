@@ -11,6 +11,7 @@ import torch
 import primaldual as pd
 import primaldual.attention.primal as primal_mod
 from primaldual.attention.primal import PrimalAttention
+from primaldual.functional.primal_rotated import DEFAULT_THRESHOLDS, RotatedThresholds
 from primaldual.naive.primal import ksvd_term_ref, primal_attention_ref, primal_params_from_layer
 from tests.attention.test_primal import DIM, B, H, N, _mask
 from tests.attention.test_primal import _layer as _eager_layer
@@ -42,14 +43,34 @@ def test_compiled_core_matches_reference_float64(case):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("causal", [False, True])
-def test_compiled_rotated_core_matches_reference_float64(causal, monkeypatch):
+def test_compiled_rotated_core_matches_reference_float64(causal):
     # the rotated evaluation (chosen for long sequences) compiled, with a complement (s = 2 < head width 4) and,
     # non-causal, rank-1 and rank-0 data-dependent weights (one real token, none)
-    monkeypatch.setattr(primal_mod, "use_rotated", lambda *a, **k: True)
     mask = _mask()
     mask[0, 1:] = False
     mask[1] = False
-    _check_compiled(_layer(s=2, rank_multi=3, causal=causal), mask)
+    _check_compiled(_layer(s=2, rank_multi=3, causal=causal, path="rotated"), mask)
+
+
+@pytest.mark.slow
+def test_compiled_paths_agree_and_each_keeps_its_own_graph():
+    # both forced paths through the one shared compiled core (Dynamo guards on the layer's path), and "auto" with
+    # custom thresholds compiled too; outputs, KSVD term and input gradient agree in float64
+    x = torch.randn(B, N, DIM, dtype=torch.float64)
+    g = torch.randn(B, N, DIM, dtype=torch.float64)
+    results = {}
+    for path, thresholds in (("rotated", None), ("scores", None), ("auto", RotatedThresholds(min_tokens_compiled=N))):
+        layer = _layer(s=3, rank_multi=2, path=path, thresholds=thresholds)
+        xi = x.clone().requires_grad_()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            out = layer(xi, _mask())
+        assert layer._compile_state == "ok"
+        assert layer._rotated(xi, layer._params(xi.dtype), compiled=True) == (path != "scores"), path
+        aux = pd.collect_aux_loss(layer)
+        results[path] = [out, aux, *torch.autograd.grad((out * g).sum() + aux, [xi])]
+    for name, a, b, c in zip(["out", "aux", "x"], results["rotated"], results["scores"], results["auto"], strict=True):
+        assert rel_err(a, b) < 1e-10 and rel_err(c, b) < 1e-10, name
 
 
 def _check_compiled(layer: PrimalAttention, mask: torch.Tensor | None) -> None:
@@ -163,6 +184,14 @@ def test_the_first_call_check_compares_the_path_the_compiled_graph_takes(monkeyp
         layer(x)
     assert layer._compile_state == "ok"
     assert seen == [True]  # the eager check ran once, on the rotated evaluation (without gradients it would fold)
-    assert primal_mod.use_rotated(1, 2600, True, compiled=True)
-    assert not primal_mod.use_rotated(1, 2600, True, compiled=True, backward=False)
-    assert not primal_mod.use_rotated(1, 2600, True, compiled=False, backward=False)
+    t = DEFAULT_THRESHOLDS
+    assert primal_mod.use_rotated(1, 2600, True, compiled=True, thresholds=t)
+    assert not primal_mod.use_rotated(1, 2600, True, compiled=True, backward=False, thresholds=t)
+    assert not primal_mod.use_rotated(1, 2600, True, compiled=False, backward=False, thresholds=t)
+
+
+def test_path_and_thresholds_reach_the_compiled_layer():
+    layer = _layer(path="rotated", thresholds={"min_tokens_compiled": 4096})
+    assert layer.compile_core and layer.path == "rotated"
+    assert layer.thresholds == RotatedThresholds(min_tokens_compiled=4096)
+    assert "path='rotated'" in repr(layer) and "min_tokens_compiled=4096" in repr(layer)

@@ -3,11 +3,20 @@ gradients), the basis it builds, rank-deficient and wide (s >= head width) weigh
 
 from __future__ import annotations
 
+import inspect
+from dataclasses import asdict
+
 import pytest
 import torch
 
 from primaldual.functional.primal import ksvd_loss_from_energies, primal_scores_from_input
-from primaldual.functional.primal_rotated import primal_output_rotated, rotated_basis, use_rotated
+from primaldual.functional.primal_rotated import (
+    DEFAULT_THRESHOLDS,
+    RotatedThresholds,
+    primal_output_rotated,
+    rotated_basis,
+    use_rotated,
+)
 from tests.conftest import rel_err
 
 
@@ -159,27 +168,61 @@ def test_low_precision_runs_and_stays_close(dtype):
 
 
 def test_choice_by_length():
-    assert use_rotated(4, 4096, data_dependent=True)
-    assert not use_rotated(64, 29, data_dependent=True)
-    assert not use_rotated(4, 1024, data_dependent=True, compiled=True)  # compiled, from 2,560 tokens; eager from 2,048
-    assert not use_rotated(4, 2048, data_dependent=True, compiled=True)
-    assert use_rotated(4, 2560, data_dependent=True, compiled=True)
-    assert not use_rotated(4, 1024, data_dependent=True, compiled=False)
-    assert use_rotated(4, 2048, data_dependent=True, compiled=False)
-    assert use_rotated(4, 2048, data_dependent=True)  # eager here
+    t = DEFAULT_THRESHOLDS
+    assert use_rotated(4, 4096, data_dependent=True, thresholds=t)
+    assert not use_rotated(64, 29, data_dependent=True, thresholds=t)
+    # compiled, from 2,560 tokens; eager from 2,048
+    assert not use_rotated(4, 1024, data_dependent=True, compiled=True, thresholds=t)
+    assert not use_rotated(4, 2048, data_dependent=True, compiled=True, thresholds=t)
+    assert use_rotated(4, 2560, data_dependent=True, compiled=True, thresholds=t)
+    assert not use_rotated(4, 1024, data_dependent=True, compiled=False, thresholds=t)
+    assert use_rotated(4, 2048, data_dependent=True, compiled=False, thresholds=t)
+    assert use_rotated(4, 2048, data_dependent=True, thresholds=t)  # eager here
     # shared weights (causal) by rows: compiled from 16,384, eager from 8,192
-    assert use_rotated(4, 4096, data_dependent=False, compiled=True)
-    assert not use_rotated(4, 2048, data_dependent=False, compiled=True)
-    assert use_rotated(4, 2048, data_dependent=False, compiled=False)
-    assert not use_rotated(16, 128, data_dependent=False)
+    assert use_rotated(4, 4096, data_dependent=False, compiled=True, thresholds=t)
+    assert not use_rotated(4, 2048, data_dependent=False, compiled=True, thresholds=t)
+    assert use_rotated(4, 2048, data_dependent=False, compiled=False, thresholds=t)
+    assert not use_rotated(16, 128, data_dependent=False, thresholds=t)
     # without a backward to follow: eager never, compiled from 16,384 tokens per sample, shared weights never
-    assert not use_rotated(4, 65536, data_dependent=True, compiled=False, backward=False)
-    assert not use_rotated(4, 8192, data_dependent=True, compiled=True, backward=False)
-    assert use_rotated(4, 16384, data_dependent=True, compiled=True, backward=False)
-    assert not use_rotated(16, 4096, data_dependent=False, compiled=True, backward=False)
+    assert not use_rotated(4, 65536, data_dependent=True, compiled=False, backward=False, thresholds=t)
+    assert not use_rotated(4, 8192, data_dependent=True, compiled=True, backward=False, thresholds=t)
+    assert use_rotated(4, 16384, data_dependent=True, compiled=True, backward=False, thresholds=t)
+    assert not use_rotated(16, 4096, data_dependent=False, compiled=True, backward=False, thresholds=t)
     # CPU only: on CUDA the eigendecomposition synchronises with the host, which a layer forward must not do
-    assert not use_rotated(4, 4096, data_dependent=True, device_type="cuda")
-    assert not use_rotated(4, 4096, data_dependent=False, device_type="cuda")
+    assert not use_rotated(4, 4096, data_dependent=True, device_type="cuda", thresholds=t)
+    assert not use_rotated(4, 4096, data_dependent=False, device_type="cuda", thresholds=t)
+
+
+def test_the_defaults_are_the_measured_crossovers():
+    assert asdict(DEFAULT_THRESHOLDS) == {
+        "min_tokens_compiled": 2560,
+        "min_tokens_eager": 2048,
+        "min_rows_shared_compiled": 16384,
+        "min_rows_shared_eager": 8192,
+        "min_tokens_forward_compiled": 16384,
+    }
+    assert inspect.signature(use_rotated).parameters["thresholds"].default is DEFAULT_THRESHOLDS
+
+
+def test_choice_by_custom_thresholds():
+    # each field moves only its own case
+    t = RotatedThresholds(
+        min_tokens_compiled=100,
+        min_tokens_eager=200,
+        min_rows_shared_compiled=300,
+        min_rows_shared_eager=400,
+        min_tokens_forward_compiled=500,
+    )
+    for compiled, tokens in ((True, 100), (False, 200)):
+        assert not use_rotated(1, tokens - 1, data_dependent=True, compiled=compiled, thresholds=t)
+        assert use_rotated(1, tokens, data_dependent=True, compiled=compiled, thresholds=t)
+    for compiled, rows in ((True, 300), (False, 400)):
+        assert not use_rotated(2, rows // 2 - 1, data_dependent=False, compiled=compiled, thresholds=t)
+        assert use_rotated(2, rows // 2, data_dependent=False, compiled=compiled, thresholds=t)
+    assert not use_rotated(1, 499, data_dependent=True, compiled=True, backward=False, thresholds=t)
+    assert use_rotated(1, 500, data_dependent=True, compiled=True, backward=False, thresholds=t)
+    assert not use_rotated(1, 10**6, data_dependent=True, compiled=False, backward=False, thresholds=t)
+    assert not use_rotated(1, 10**6, data_dependent=True, device_type="cuda", thresholds=t)
 
 
 def test_bad_shapes_are_named():
