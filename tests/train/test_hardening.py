@@ -158,7 +158,7 @@ def test_fresh_never_empties_a_directory_that_is_not_a_run(capsys, tmp_path, tin
     keep.write_text("not a run")
     cfg = tiny_config()
     line = _one_error(capsys, ["fit", "--config", str(cfg), "--run-dir", str(keep.parent), "--fresh"])
-    assert "--fresh refused" in line and "not a run directory" in line
+    assert "not a primaldual run directory (it holds notes.txt)" in line and "nothing in it was touched" in line
     assert keep.read_text() == "not a run" and not (keep.parent / "run.lock").exists()
 
 
