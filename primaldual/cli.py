@@ -98,6 +98,9 @@ def _message(exc: BaseException) -> str:
         text = f"{exc.filename}: {exc.strerror}"
     else:
         text = str(exc)
+    if "Original Traceback (most recent call last):" in text:  # re-raised from a DataLoader worker: its last line
+        last = [line for line in text.splitlines() if line.strip()][-1].strip()
+        text = last.partition(": ")[2] if last.startswith(f"{type(exc).__name__}: ") else last
     return " ".join(line.strip() for line in text.splitlines() if line.strip()) or type(exc).__name__
 
 

@@ -96,3 +96,17 @@ def test_hf_convert_layers_must_be_ints():
 
     with pytest.raises(TypeError, match=r"layers must be an int, a sequence of ints or 'all', got 1.0 \(float\)"):
         hf.convert(tiny("gpt2"), "softmax", layers=1.0)
+
+
+def test_an_error_raised_in_a_data_loader_worker_is_one_short_line():
+    """torch re-raises a worker's exception with the worker's whole traceback in its message."""
+    from primaldual.cli import _message
+
+    text = (
+        "Caught ValueError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
+        '  File "/x/worker.py", line 349, in _worker_loop\n    data = fetcher.fetch(index)\n'
+        "ValueError: /data/train/cat/broken.png: cannot read the image (cannot identify image file)\n"
+    )
+    assert (
+        _message(ValueError(text)) == "/data/train/cat/broken.png: cannot read the image (cannot identify image file)"
+    )

@@ -184,12 +184,16 @@ def _float(a: np.ndarray, path: Path, key: str, ndim: int) -> np.ndarray:
     if a.ndim != ndim:
         want = "(N,)" if ndim == 1 else "(N, dim)"
         raise D4RLFormatError(f"{path}: '{key}' has shape {a.shape}, expected {want}")
-    bad = ~np.isfinite(a)
+    if ndim == 2 and a.shape[1] == 0:
+        raise D4RLFormatError(f"{path}: '{key}' has shape {a.shape}: no columns")
+    with np.errstate(over="ignore"):  # checked on the float32 values the model sees: 1e39 is inf there
+        out = np.ascontiguousarray(a, dtype=np.float32)
+    bad = ~np.isfinite(out)
     if bad.any():
         row = int(np.argwhere(bad)[0][0])
-        kind = "NaN" if np.isnan(a).any() else "infinite"
+        kind = "NaN" if np.isnan(a).any() else "infinite (or beyond float32's range)"
         raise D4RLFormatError(f"{path}: '{key}' holds {kind} values ({int(bad.sum())}, first at row {row})")
-    return np.ascontiguousarray(a, dtype=np.float32)
+    return out
 
 
 def _column(a: np.ndarray) -> np.ndarray:
@@ -246,6 +250,8 @@ def read_d4rl(path: str | os.PathLike) -> D4RLData:
         attrs=attrs,
         path=path,
     )
+    if np.abs(data.rewards.astype(np.float64)).sum() >= np.finfo(np.float32).max:  # returns-to-go sum rewards
+        raise D4RLFormatError(f"{path}: 'rewards' are so large that returns-to-go overflow float32")
     n = len(data.observations)
     for key in ("actions", "rewards", "terminals", "timeouts", "next_observations"):
         a = getattr(data, key)

@@ -26,6 +26,7 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -342,18 +343,33 @@ class IdxImages(Dataset):
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 
 
+def to_8bit(im: Any) -> Any:
+    """A 16- or 32-bit integer grey image (``I;16``, ``I``: 16-bit PNGs) scaled to 8 bits, which Pillow's
+    ``convert("L")`` would clip (almost white); any other image unchanged."""
+    if not im.mode.startswith("I"):
+        return im
+    from PIL import Image
+
+    arr = np.asarray(im, dtype=np.float64)
+    top = 65535.0 if im.mode.startswith("I;16") or arr.max(initial=0) <= 65535 else float(arr.max())
+    return Image.fromarray(np.clip(np.rint(arr * (255.0 / top)), 0, 255).astype(np.uint8), "L")
+
+
 def _scan_image_folder(root: str | os.PathLike) -> tuple[list[Path], np.ndarray, list[str], list[Path]]:
     """:func:`read_image_folder`'s listing plus the skipped files (not an image extension, or not in a class)."""
     root = Path(root)
     if not root.is_dir():
         raise MissingDataError(f"image folder {root} not found: expected root/<class>/<image files>")
     classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
-    skipped = sorted(p for p in root.iterdir() if p.is_file())  # files beside the class folders
+    # files beside the class folders, and dangling links (counted, not silently dropped)
+    skipped = sorted(p for p in root.iterdir() if p.is_file() or (p.is_symlink() and not p.exists()))
     paths: list[Path] = []
     labels: list[int] = []
     for i, c in enumerate(classes):
         for p in sorted((root / c).rglob("*")):
             if not p.is_file():
+                if p.is_symlink():  # a link to nothing
+                    skipped.append(p)
                 continue
             if p.suffix.lower() in IMAGE_EXTENSIONS:
                 paths.append(p)
@@ -497,7 +513,7 @@ class ImageFolderDataset(Dataset):
         path = self.paths[i]
         try:
             with Image.open(path) as im:
-                im = im.convert(self.mode)  # decodes the whole file: truncated data fails here
+                im = to_8bit(im).convert(self.mode)  # decodes the whole file: truncated data fails here
         except Exception as e:  # Pillow raises OSError, SyntaxError, struct.error, ... for bad files
             raise ValueError(f"{path}: cannot read the image ({_image_error(e)})") from e
         w, h = im.size
@@ -559,7 +575,7 @@ class ImageFolderTokens(Dataset):
         from PIL import Image
 
         with Image.open(self.paths[i]) as im:
-            im = im.convert("L")
+            im = to_8bit(im).convert("L")
             if im.size != (self.side, self.side):
                 im = im.resize((self.side, self.side), Image.Resampling.BILINEAR)
             arr = np.asarray(im, dtype=np.int64).reshape(-1)  # (side*side,) row-major

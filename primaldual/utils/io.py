@@ -92,6 +92,7 @@ def atomic_dir(path: str | os.PathLike, *, overwrite: bool = False) -> Iterator[
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would make a shared cache private to this user
         if path.exists():
             # Move the old copy aside first so that the final rename is a single atomic step.
             old = path.with_name(f".{path.name}.old")
@@ -104,6 +105,12 @@ def atomic_dir(path: str | os.PathLike, *, overwrite: bool = False) -> Iterator[
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def sha256_file(path: str | os.PathLike, *, chunk_size: int = 1 << 20) -> str:

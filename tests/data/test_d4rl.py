@@ -182,3 +182,24 @@ def test_missing_and_unreadable(tmp_path):
     _write(tmp_path / "other.h5", _arrays())
     with pytest.raises(D4RLFormatError, match="several HDF5 files"):
         read_d4rl(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        (
+            "observations",
+            lambda a: np.where(np.arange(a.size).reshape(a.shape) == 5, 1e39, a),
+            "beyond float32's range",
+        ),
+        ("rewards", lambda a: np.full(a.shape, 3e38), "returns-to-go overflow float32"),
+        ("observations", lambda a: np.zeros((len(a), 0)), r"shape \(14, 0\): no columns"),
+    ],
+)
+def test_values_are_checked_as_the_model_sees_them(tmp_path, key, value, expected):
+    """Values are checked after the float32 cast (1e39 is inf there), returns-to-go must stay finite, and an
+    observation width of 0 is a format error, not a RuntimeError later."""
+    arrays = _arrays()
+    arrays[key] = value(arrays[key].astype(np.float64))
+    with pytest.raises(D4RLFormatError, match=expected):
+        read_d4rl(_write(tmp_path / "bad.hdf5", arrays))

@@ -119,3 +119,30 @@ def test_image_folder(tmp_path):
         read_image_folder(tmp_path / "cat")
     with pytest.raises(MissingDataError):
         read_image_folder(tmp_path / "nope")
+
+
+def test_16_bit_pngs_and_dangling_links(tmp_path):
+    """A 16-bit grey PNG decodes to its grey levels (not almost white), and a link to nothing is counted as
+    skipped, not dropped silently."""
+    import os
+
+    from PIL import Image
+
+    from primaldual.data.images import ImageFolderTokens, to_8bit
+
+    ramp = (np.arange(32 * 32).reshape(32, 32) * 64).astype(np.uint16)  # 0 .. 65472
+    (tmp_path / "a").mkdir()
+    Image.fromarray(ramp).save(tmp_path / "a" / "x.png")
+    os.symlink(tmp_path / "missing.png", tmp_path / "a" / "dead.png")
+    with Image.open(tmp_path / "a" / "x.png") as im:
+        assert im.mode.startswith("I")
+        grey = np.asarray(to_8bit(im).convert("L"), dtype=np.float64)
+    np.testing.assert_allclose(grey, np.rint(ramp / 257.0), atol=1)
+    ds = ImageFolderTokens(tmp_path)
+    tokens = ds[0][0].double()
+    assert abs(tokens.mean().item() - ramp.mean() / 257.0) < 2  # 127, where convert("L") alone gives about 254
+    from primaldual.data.images import ImageFolderDataset
+
+    folder = ImageFolderDataset(tmp_path, image_size=32, mode="L")
+    assert [p.name for p in folder.paths] == ["x.png"] and [p.name for p in folder.skipped] == ["dead.png"]
+    assert folder.info["skipped_files"] == 1

@@ -54,3 +54,18 @@ def test_json_checksum_and_atomic_dir(tmp_path):
     assert (d / "x").read_text() == "x"
     with pytest.raises(FileExistsError), atomic_dir(d):
         pass
+
+
+def test_atomic_dir_follows_the_umask_not_mkdtemps_0700(tmp_path):
+    import os
+    import stat
+
+    from primaldual.utils.io import atomic_dir
+
+    old = os.umask(0o022)
+    try:
+        with atomic_dir(tmp_path / "dataset") as tmp:
+            (tmp / "x").write_text("1")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "dataset").stat().st_mode) == 0o755  # a shared cache stays readable by others
