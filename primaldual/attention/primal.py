@@ -340,7 +340,9 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         B, N, _ = x.shape
         if B == 0 or N == 0:  # nothing to attend to: an empty output, and no KSVD term (no data)
             weights = x.new_zeros(B, self.num_heads, N, N) if need_weights else None
-            return x.new_zeros(B, N, self.dim), weights
+            # joined to the graph of x and the weights (zero gradients), so that a backward through it works
+            anchor = x.sum() * 0 + sum(p.sum() for p in self.parameters()) * 0
+            return x.new_zeros(B, N, self.dim) + anchor.to(x.dtype), weights
         upcast = self._compute_dtype(x)
         if upcast is None:
             return self._forward_in(x, mask, need_weights, self._params(x.dtype))

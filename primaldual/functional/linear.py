@@ -95,6 +95,8 @@ def linear_attention_weights(fq: Tensor, fk: Tensor, causal: bool, eps: float) -
 def _causal_chunked(fq: Tensor, fk: Tensor, v: Tensor, eps: float, chunk: int) -> Tensor:
     B, H, N, D = fq.shape
     E = v.shape[-1]
+    if N == 0:  # an empty sequence: an empty output (still joined to the graph of the inputs)
+        return fq.new_zeros(B, H, 0, E) + (fq.sum() + fk.sum() + v.sum()) * 0
     C = min(chunk, N)
     pad = (-N) % C
     if pad:

@@ -171,6 +171,8 @@ class CausalLM(nn.Module):
         mask = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask
         if mask.dtype != torch.bool or mask.shape != ids.shape:
             raise ValueError(f"mask must be a torch.bool tensor of shape {tuple(ids.shape)} (True = real token)")
+        if B == 0:  # no prompts: no continuations
+            return ids.new_zeros(0, N + max_new_tokens), mask.new_zeros(0, N + max_new_tokens)
         if not bool(mask.any(1).all()):
             raise ValueError("every prompt needs at least one real token (a row of mask is all False)")
         if int(mask.sum(1).max()) + max_new_tokens > self.max_len:

@@ -94,3 +94,28 @@ def test_meta_device_forward(name):
     causal = not next(i.capabilities for i in pd.list_attentions() if i.name == name).non_causal
     enc = pd.Encoder(DIM, 1, HEADS, attention=name, causal=causal, device="meta")
     assert enc(torch.empty(2, 5, DIM, device="meta")).shape == (2, 5, DIM)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(0, 6), (2, 0)])
+@pytest.mark.parametrize("name", [i.name for i in pd.list_attentions()])
+def test_every_mechanism_takes_empty_inputs_with_a_backward(name, causal, shape):
+    """An empty batch or sequence gives an empty output that a backward passes through (once: linear's causal scan
+    divided by zero, and primal's output had no grad_fn)."""
+    caps = next(i.capabilities for i in pd.list_attentions() if i.name == name)
+    if (causal and not caps.causal) or (not causal and not caps.non_causal):
+        pytest.skip(f"{name} has no {'causal' if causal else 'non-causal'} form")
+    layer = pd.build_attention(name, DIM, 2, causal=causal, **({"max_len": 8} if name == "primal" else {}))
+    x = torch.randn(*shape, DIM, requires_grad=True)
+    y = layer(x)
+    assert y.shape == (*shape, DIM)
+    y.sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape
+
+
+def test_generate_with_no_prompts():
+    from primaldual.models import CausalLM
+
+    m = CausalLM(50, 16, dim=16, depth=1, num_heads=2, ffn_dim=16, dropout=0.0, attention="softmax").eval()
+    ids, mask = m.generate(torch.zeros(0, 3, dtype=torch.long), None, 4)
+    assert ids.shape == mask.shape == (0, 7)
