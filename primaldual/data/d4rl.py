@@ -191,8 +191,14 @@ def _float(a: np.ndarray, path: Path, key: str, ndim: int) -> np.ndarray:
     bad = ~np.isfinite(out)
     if bad.any():
         row = int(np.argwhere(bad)[0][0])
-        kind = "NaN" if np.isnan(a).any() else "infinite (or beyond float32's range)"
-        raise D4RLFormatError(f"{path}: '{key}' holds {kind} values ({int(bad.sum())}, first at row {row})")
+        what = (
+            "NaN values"
+            if np.isnan(a).any()
+            else "infinite values"
+            if not np.isfinite(a).all()
+            else "values beyond float32's range"
+        )
+        raise D4RLFormatError(f"{path}: '{key}' holds {what} ({int(bad.sum())}, first at row {row})")
     return out
 
 
