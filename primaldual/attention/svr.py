@@ -67,6 +67,9 @@ class BNOptions:
         divide_std: divide by the keys' standard deviation.
         bn_eps: added to the variance (> 0).
         stats_over: ``"tokens"`` (per sequence) or ``"batch"`` (batch x tokens); pads excluded either way.
+
+    Under float16 / bfloat16 (weights or autocast) the statistics, the normalisation and the kernel run in
+    float32 and the output is cast back (float16 overflows in the sums of squares and in ``1 / s^2``).
     """
 
     beta: float = 1.0

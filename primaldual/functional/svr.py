@@ -28,6 +28,11 @@ Choices made here, and why:
   never enter a window, and the last, partial window is what an unpadded sequence of that length has; a window
   slot with no real token is masked out of the keys. Adding pads anywhere (left, right, inside) therefore never
   changes an output at a real token. A factor of 1 pools nothing (each token is its own key).
+* **Half precision.** Under float16 / bfloat16 (inputs, or CPU/CUDA autocast to those) Attention-BN computes its
+  statistics, the normalisation and the kernel in float32 with autocast off, and returns the input dtype:
+  prefix sums of squared keys and the ``1 / s^2`` rescaling pass float16's 65,504 (and ``1 / eps`` does at a
+  query that has seen one key), and the shift-invariance shortcut leaves logits too large for float16's
+  resolution.
 * **Causal BN uses prefix statistics.** Whole-sequence statistics would leak the future, so query i is
   normalised, together with the keys it sees, with the statistics of the keys it may see (``j <= i``, or the
   pooled windows visible to it). For softmax this stays one ``O(N^2)`` pass: with per-query statistics
@@ -57,6 +62,7 @@ Choices made here, and why:
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 
@@ -172,6 +178,27 @@ def prefix_key_statistics(
     # E[k^2] - mu^2 loses precision when |mu| >> std; clamp keeps the root real, eps keeps it positive
     var = (s2 / cnt - mu.pow(2)).clamp_min(0.0)
     return mu, (var + eps).sqrt()
+
+
+def _bn_compute_dtype(q: Tensor) -> torch.dtype | None:
+    """float32 where Attention-BN would run in float16 / bfloat16 (such inputs, or autocast to them), else None.
+
+    Prefix sums of squared keys, ``1 / s^2`` (``1 / eps`` at a query that has seen a single key) and the logits of
+    the shift-invariance shortcut (``q~ . k`` with uncentred keys) overflow float16 or outrun its resolution.
+    """
+    if q.dtype in (torch.float16, torch.bfloat16):
+        return torch.float32
+    dev = q.device.type
+    if q.dtype == torch.float32 and torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev):
+        return torch.float32 if torch.get_autocast_dtype(dev) in (torch.float16, torch.bfloat16) else None
+    return None
+
+
+def _no_autocast(device_type: str) -> contextlib.AbstractContextManager:
+    """Autocast off on ``device_type`` (a no-op where autocast does not exist, e.g. the meta device)."""
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def _normalise(t: Tensor, mu: Tensor, std: Tensor | None, beta: float) -> Tensor:
@@ -450,6 +477,17 @@ def svr_attention(
     check_pool(pooling, grid, num_cls, N)
     if causal and grid is not None:
         raise ValueError("grid pooling is for non-causal patch grids; causal=True needs grid=None")
+    work = _bn_compute_dtype(q) if bn else None
+    if work is not None:
+        # BN in float32 (statistics, normalisation, kernel), autocast off; the output is cast back at the end
+        with _no_autocast(q.device.type):
+            out, wts = svr_attention(
+                q.to(work), k.to(work), v.to(work), kernel=kernel, key_mask=key_mask, causal=causal, bn=bn,
+                beta=beta, divide_std=divide_std, bn_eps=bn_eps, stats_over=stats_over, stats_from=stats_from,
+                factors=factors, pooling=pooling, grid=grid, num_cls=num_cls, scale=scale, dropout_p=dropout_p,
+                eps=eps, chunk_size=chunk_size, need_weights=need_weights, backend=backend,
+            )  # fmt: skip
+        return out.to(v.dtype), None if wts is None else wts.to(v.dtype)
 
     full_stats = None
     if bn and stats_from == "full" and not causal:

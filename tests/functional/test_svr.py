@@ -208,3 +208,21 @@ def test_bad_inputs():
         svr_attention(q, q, q, kernel="cosine")
     with pytest.raises(ValueError, match="causal=True needs grid=None"):
         svr_attention(q, q, q, factors=None, grid=(2, 3), causal=True)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_bn_runs_in_float32_under_half_precision(causal):
+    """float16 / bfloat16 inputs: statistics, normalisation and kernel in float32, output in the input dtype;
+    float32 inputs under float16 autocast: autocast is off inside, so the result is the float32 one."""
+    q, k, v = (torch.randn(2, 3, 20, 8) for _ in range(3))
+    opts = {"bn": True, "causal": causal, "factors": [1, 2, 3]}
+    ref, _ = svr_attention(q, k, v, **opts)
+    for dtype, tol in ((torch.float16, 1e-2), (torch.bfloat16, 5e-2)):
+        out, _ = svr_attention(q.to(dtype), k.to(dtype), v.to(dtype), **opts)
+        assert out.dtype == dtype and torch.isfinite(out).all() and rel_err(out, ref) < tol
+        with torch.autocast("cpu", dtype=dtype):
+            auto, _ = svr_attention(q, k, v, **opts)
+        assert auto.dtype == torch.float32 and rel_err(auto, ref) < 1e-6
+    # the position-0 case of causal BN in float16: one key, s^2 = eps, 1 / eps overflows float16
+    out, _ = svr_attention(q[:, :, :1].half(), k[:, :, :1].half(), v[:, :, :1].half(), **opts)
+    assert torch.isfinite(out).all()
