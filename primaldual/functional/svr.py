@@ -88,6 +88,7 @@ __all__ = [
     "pooled_visibility",
     "pooling_matrix",
     "prefix_key_statistics",
+    "real_first_order",
     "sh_attention",
     "svr_attention",
 ]
