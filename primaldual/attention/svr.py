@@ -67,6 +67,9 @@ class BNOptions:
         divide_std: divide by the keys' standard deviation.
         bn_eps: added to the variance (> 0).
         stats_over: ``"tokens"`` (per sequence) or ``"batch"`` (batch x tokens); pads excluded either way.
+
+    Under float16 / bfloat16 (weights or autocast) the statistics, the normalisation and the kernel run in
+    float32 and the output is cast back (float16 overflows in the sums of squares and in ``1 / s^2``).
     """
 
     beta: float = 1.0
@@ -104,8 +107,12 @@ class SHOptions:
     Attributes:
         factors: one int >= 1 for all heads, or one per head (None: the ladder ``1, 1, 2, 2, 4, 4, ...``,
             ``1, 2, 4`` below 4 heads; resolved against the number of heads by the layer).
-        pooling: ``"avg"`` (padding-aware average pooling, stride r) or ``"stride"`` (every r-th token).
-        grid: ``(gh, gw)`` to pool a row-major patch grid with ``r x r`` windows (non-causal only).
+        pooling: ``"avg"`` (average pooling, stride r) or ``"stride"`` (every r-th token). Windows are cut from
+            each sequence's real tokens, starting at the first one, so padding on either side (or inside) never
+            enters or shifts a window: outputs at real tokens equal those of the unpadded sequence.
+        grid: ``(gh, gw)`` to pool a row-major patch grid with ``r x r`` windows (non-causal only). Grid windows are
+            spatial: the sequence must be exactly ``num_cls + gh * gw`` tokens (a padded grid is an error), and a
+            False in the mask is a missing patch, left out of its window's mean.
         num_cls: leading tokens (e.g. CLS) left unpooled in grid mode.
     """
 

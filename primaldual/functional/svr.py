@@ -22,9 +22,17 @@ real tokens of each sequence, factor ladder ``1, 1, 2, 2, 4, 4, ...`` (``1, 2, 4
 
 Choices made here, and why:
 
-* **Padding-aware statistics and pooling.** Statistics use real keys only; a pooling window averages its real
-  tokens only, and a window with no real token is masked out of the keys. Appending padding therefore never
-  changes an output.
+* **Padding-aware statistics and pooling, windows aligned to the real tokens.** Statistics use real keys only.
+  The pooling windows of a sequence are cut from its real tokens in order (window w holds the real tokens of
+  rank ``w r .. (w + 1) r - 1``, rank = index among the real tokens), so they start at the first real token, pads
+  never enter a window, and the last, partial window is what an unpadded sequence of that length has; a window
+  slot with no real token is masked out of the keys. Adding pads anywhere (left, right, inside) therefore never
+  changes an output at a real token. A factor of 1 pools nothing (each token is its own key).
+* **Half precision.** Under float16 / bfloat16 (inputs, or CPU/CUDA autocast to those) Attention-BN computes its
+  statistics, the normalisation and the kernel in float32 with autocast off, and returns the input dtype:
+  prefix sums of squared keys and the ``1 / s^2`` rescaling pass float16's 65,504 (and ``1 / eps`` does at a
+  query that has seen one key), and the shift-invariance shortcut leaves logits too large for float16's
+  resolution.
 * **Causal BN uses prefix statistics.** Whole-sequence statistics would leak the future, so query i is
   normalised, together with the keys it sees, with the statistics of the keys it may see (``j <= i``, or the
   pooled windows visible to it). For softmax this stays one ``O(N^2)`` pass: with per-query statistics
@@ -34,9 +42,12 @@ Choices made here, and why:
   (:mod:`primaldual.naive.svr`) normalises both explicitly, so the tests check the identity. Linear attention applies a non-linear feature
   map to ``k^_j``, so per-query key statistics would need an ``O(N^2)`` kernel: causal linear BN is refused.
 * **Causal SH without leakage.** A pooled key depends on every token of its window, so query i sees the
-  windows that *end* at or before i (average pooling: window w = tokens ``[w r, (w + 1) r)`` is visible from
-  ``i >= (w + 1) r - 1``; strided subsampling: token ``w r`` is visible from ``i >= w r``). A query before the end
-  of the first window of a pooled head gets a zero output from that head.
+  windows that *end* at or before i. With ``c_i`` the number of real tokens at positions ``<= i``, average
+  pooling shows the complete windows, ``w < floor(c_i / r)`` (window w is visible once its last real token, of
+  rank ``(w + 1) r - 1``, has been seen; the partial window at the end stays hidden until it fills); strided
+  subsampling shows the sampled tokens seen so far, ``w < ceil(c_i / r)``. Without padding ``c_i = i + 1``.
+  A query before the end of the first window of a pooled head gets a zero output from that head. The decoding
+  path reruns the causal forward on the prefix, so it sees the same windows.
 * **Weights at token resolution.** ``need_weights`` returns ``(B, H, N, N)``: the weight of a pooled key is
   spread over the tokens it pools with the pooling weights (average pooling: equally over the window's real
   tokens; strided: all on the sampled token), i.e. ``weights = A P`` with ``A`` the ``(N, N_h)`` attention over
@@ -44,10 +55,14 @@ Choices made here, and why:
   full-resolution values.
 * **2-D pooling** (``grid=(gh, gw)``): the first ``num_cls`` tokens (CLS and the like) stay unpooled, the next
   ``gh * gw`` tokens are a row-major patch grid pooled by ``r x r`` windows (so ``r_h`` is the factor per axis).
+  The windows are spatial, so they cannot follow padding: the sequence must be exactly ``num_cls + gh * gw``
+  tokens (padding a grid sequence is an error), and a False in the mask means a *missing patch* in place, left
+  out of the mean of its window (a window with no real patch is masked).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 
@@ -70,8 +85,10 @@ __all__ = [
     "key_statistics",
     "memory_ratio",
     "pooled_key_ends",
+    "pooled_visibility",
     "pooling_matrix",
     "prefix_key_statistics",
+    "real_first_order",
     "sh_attention",
     "svr_attention",
 ]
@@ -135,8 +152,8 @@ def prefix_key_statistics(
     Args:
         k: ``(B, H, Nk, D)`` keys (full-resolution or pooled).
         key_mask: ``(B, Nk)`` bool, True = real key.
-        visible: ``(Nq,)`` long, query i sees keys ``j < visible[i]`` (a prefix).
-        stats_over, eps: as :func:`key_statistics`.
+        visible: ``(Nq,)`` or ``(B|1, Nq)`` long, query i (of sample b) sees keys ``j < visible[(b,) i]`` (a prefix).
+        stats_over, eps: as :func:`key_statistics`; ``"batch"`` pools, for query i, what every sample sees at i.
 
     Returns:
         ``(mu, std)``, each ``(B, H, Nq, D)`` (``(1, H, Nq, D)`` for ``stats_over="batch"``).
@@ -150,7 +167,11 @@ def prefix_key_statistics(
     cnt = torch.cat([zero, w.cumsum(2)], 2)  # (B, H, Nk+1, 1)
     s1 = torch.cat([zero.expand(B, H, 1, D), kw.cumsum(2)], 2)  # (B, H, Nk+1, D)
     s2 = torch.cat([zero.expand(B, H, 1, D), kw.pow(2).cumsum(2)], 2)  # (B, H, Nk+1, D)
-    cnt, s1, s2 = (t.index_select(2, visible) for t in (cnt, s1, s2))  # (B, H, Nq, .)
+    if visible.dim() == 1:
+        cnt, s1, s2 = (t.index_select(2, visible) for t in (cnt, s1, s2))  # (B, H, Nq, .)
+    else:
+        idx = visible.expand(B, visible.shape[-1])[:, None, :, None]  # (B, 1, Nq, 1)
+        cnt, s1, s2 = (t.gather(2, idx.expand(B, H, -1, t.shape[-1])) for t in (cnt, s1, s2))  # (B, H, Nq, .)
     if stats_over == "batch":
         cnt, s1, s2 = (t.sum(0, keepdim=True) for t in (cnt, s1, s2))  # (1, H, Nq, .)
     cnt = cnt.clamp_min(1.0)
@@ -158,6 +179,27 @@ def prefix_key_statistics(
     # E[k^2] - mu^2 loses precision when |mu| >> std; clamp keeps the root real, eps keeps it positive
     var = (s2 / cnt - mu.pow(2)).clamp_min(0.0)
     return mu, (var + eps).sqrt()
+
+
+def _bn_compute_dtype(q: Tensor) -> torch.dtype | None:
+    """float32 where Attention-BN would run in float16 / bfloat16 (such inputs, or autocast to them), else None.
+
+    Prefix sums of squared keys, ``1 / s^2`` (``1 / eps`` at a query that has seen a single key) and the logits of
+    the shift-invariance shortcut (``q~ . k`` with uncentred keys) overflow float16 or outrun its resolution.
+    """
+    if q.dtype in (torch.float16, torch.bfloat16):
+        return torch.float32
+    dev = q.device.type
+    if q.dtype == torch.float32 and torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev):
+        return torch.float32 if torch.get_autocast_dtype(dev) in (torch.float16, torch.bfloat16) else None
+    return None
+
+
+def _no_autocast(device_type: str) -> contextlib.AbstractContextManager:
+    """Autocast off on ``device_type`` (a no-op where autocast does not exist, e.g. the meta device)."""
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def _normalise(t: Tensor, mu: Tensor, std: Tensor | None, beta: float) -> Tensor:
@@ -216,7 +258,9 @@ def check_pool(pooling: str, grid: tuple[int, int] | None, num_cls: int, n: int 
         if n is not None and n != num_cls + grid[0] * grid[1]:
             raise ValueError(
                 f"with grid={tuple(grid)} and num_cls={num_cls} the sequence must have "
-                f"{num_cls + grid[0] * grid[1]} tokens (num_cls + gh * gw), got {n}"
+                f"{num_cls + grid[0] * grid[1]} tokens (num_cls + gh * gw), got {n}; grid pooling windows are "
+                f"spatial and cannot be realigned to padding, so a grid sequence cannot be padded (mark missing "
+                f"patches False in the mask in place instead)"
             )
     elif num_cls:
         raise ValueError("num_cls is only used with grid pooling; pass grid=(gh, gw) or num_cls=0")
@@ -263,24 +307,34 @@ def downsample(
 ) -> tuple[Tensor, Tensor | None]:
     """Downsample keys or values along the tokens, padding-aware.
 
+    1-D pooling cuts the windows from each sequence's real tokens in order: window w holds the real tokens of rank
+    ``w r .. (w + 1) r - 1``, so padding (left, right or inside) never shifts a window or enters one, and the last
+    window is partial exactly as in the unpadded sequence. Grid pooling keeps its spatial windows; a masked token
+    there is a missing patch left out of its window's mean.
+
     Args:
         x: ``(B, H, N, E)``.
         key_mask: ``(B, N)`` bool, True = real token (None: all real).
-        factor: r >= 1 (per axis for grid pooling).
-        pooling: ``"avg"`` (mean of a window's real tokens) or ``"stride"`` (first token of each window).
+        factor: r >= 1 (per axis for grid pooling); 1 returns ``x`` and ``key_mask`` unchanged.
+        pooling: ``"avg"`` (mean of a window's real tokens) or ``"stride"`` (first real token of each window).
         grid: ``(gh, gw)`` to pool a row-major patch grid in 2-D; None for 1-D pooling.
         num_cls: leading tokens kept unpooled (grid mode).
 
     Returns:
-        ``(pooled (B, H, M, E), pooled mask (B, M) or None)``; a pooled key with no real token is masked.
+        ``(pooled (B, H, M, E), pooled mask (B, M) or None)`` with ``M = ceil(N / r)`` (1-D); a window slot with no
+        real token (past the end of a shorter sequence) is masked.
     """
     check_pool(pooling, grid, num_cls, x.shape[2])
     if factor == 1:
         return x, key_mask
-    B, _, N, _ = x.shape
+    B, H, N, E = x.shape
     w = torch.ones(B, 1, N, 1, dtype=x.dtype, device=x.device) if key_mask is None else key_mask[:, None, :, None]
     w = w.to(x.dtype)  # (B, 1, N, 1)
     if grid is None:
+        if key_mask is not None:  # real tokens first, in order: the windows are then cut from the real tokens
+            order = real_first_order(key_mask)[:, None, :, None]  # (B, 1, N, 1)
+            x = x.gather(2, order.expand(B, H, N, E))  # (B, H, N, E)
+            w = w.gather(2, order)  # (B, 1, N, 1): ones, then zeros
         xs, cnt = _pool_1d(x, w, factor, pooling)
     else:
         xs, cnt = _pool_2d(x[:, :, num_cls:], w[:, :, num_cls:], factor, pooling, grid)
@@ -288,6 +342,11 @@ def downsample(
         cnt = torch.cat([w[:, :, :num_cls], cnt], 2)
     pooled_mask = None if key_mask is None else cnt[:, 0, :, 0] > 0  # (B, M)
     return xs, pooled_mask
+
+
+def real_first_order(key_mask: Tensor) -> Tensor:
+    """``(B, N)`` long: each sequence's real-token positions in order, then its pad positions (stable)."""
+    return torch.sort(key_mask.logical_not().to(torch.uint8), dim=1, stable=True).indices
 
 
 def pooling_matrix(
@@ -314,13 +373,41 @@ def pooling_matrix(
 
 
 def pooled_key_ends(n: int, factor: int, pooling: str = "avg", device: torch.device | str | None = None) -> Tensor:
-    """``(M,)`` the last token position each pooled key of a 1-D pooling depends on (its causal visibility).
+    """``(M,)`` the last real-token rank each pooled key of a 1-D pooling depends on (its causal visibility).
 
     Average pooling: the nominal window end ``(w + 1) r - 1`` (independent of N, so appending tokens never
-    changes what a query sees); strided: the sampled token ``w r``.
+    changes what a query sees); strided: the sampled token ``w r``. Without padding a rank is a position; with
+    padding see :func:`pooled_visibility`.
     """
     w = torch.arange(math.ceil(n / factor), device=device)
     return w * factor if pooling == "stride" else (w + 1) * factor - 1
+
+
+def pooled_visibility(
+    key_mask: Tensor | None, n: int, factor: int, pooling: str = "avg", device: torch.device | str | None = None
+) -> Tensor:
+    """``(B|1, N)`` long: causal query i of sample b sees the 1-D pooled keys ``w < visible[b, i]``.
+
+    With ``c_i`` the real tokens at positions ``<= i``: ``floor(c_i / r)`` complete windows for average pooling
+    (window w needs its real token of rank ``(w + 1) r - 1``), ``ceil(c_i / r)`` sampled tokens for strided
+    pooling. A factor of 1 pools nothing, so the keys stay at their positions: ``i + 1``.
+    """
+    pos = torch.arange(1, n + 1, device=device)[None]  # (1, N)
+    if factor == 1:
+        return pos
+    seen = pos if key_mask is None else key_mask.long().cumsum(1)  # (B|1, N) real tokens at positions <= i
+    return seen // factor if pooling == "avg" else (seen + factor - 1) // factor
+
+
+def _visible_slots(key_mask: Tensor | None, n: int, m: int, factor: int, pooling: str, device) -> Tensor:
+    """``(B|1, M)`` long: the position at which each 1-D pooled key becomes visible (its last real token), or ``n``
+    where that token does not exist (a partial or empty window, never visible)."""
+    last = pooled_key_ends(m * factor, factor, pooling, device)  # (M,) rank of the real token that completes w
+    if key_mask is None:
+        return last.clamp_max(n)[None]
+    order = real_first_order(key_mask)  # (B, N) position of the real token of each rank
+    slot = order.gather(1, last.clamp_max(n - 1)[None].expand(key_mask.shape[0], m))  # (B, M)
+    return slot.masked_fill(last[None] >= key_mask.sum(1, keepdim=True), n)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -391,6 +478,17 @@ def svr_attention(
     check_pool(pooling, grid, num_cls, N)
     if causal and grid is not None:
         raise ValueError("grid pooling is for non-causal patch grids; causal=True needs grid=None")
+    work = _bn_compute_dtype(q) if bn else None
+    if work is not None:
+        # BN in float32 (statistics, normalisation, kernel), autocast off; the output is cast back at the end
+        with _no_autocast(q.device.type):
+            out, wts = svr_attention(
+                q.to(work), k.to(work), v.to(work), kernel=kernel, key_mask=key_mask, causal=causal, bn=bn,
+                beta=beta, divide_std=divide_std, bn_eps=bn_eps, stats_over=stats_over, stats_from=stats_from,
+                factors=factors, pooling=pooling, grid=grid, num_cls=num_cls, scale=scale, dropout_p=dropout_p,
+                eps=eps, chunk_size=chunk_size, need_weights=need_weights, backend=backend,
+            )  # fmt: skip
+        return out.to(v.dtype), None if wts is None else wts.to(v.dtype)
 
     full_stats = None
     if bn and stats_from == "full" and not causal:
@@ -461,9 +559,8 @@ def _group(
     kp, pmask = downsample(k, key_mask, f, pooling=pooling, grid=grid, num_cls=num_cls)  # (B, Hg, M, D)
     vp, _ = downsample(v, key_mask, f, pooling=pooling, grid=grid, num_cls=num_cls)  # (B, Hg, M, Dv)
     M = kp.shape[2]
-    ends = pooled_key_ends(N, f, pooling, q.device) if causal else None  # (M,)
-    # query i sees pooled keys j < visible[i] (a prefix, since ends increase)
-    visible = torch.searchsorted(ends, torch.arange(N, device=q.device), right=True) if causal else None
+    # query i of sample b sees pooled keys j < visible[b, i] (a prefix: windows complete in rank order)
+    visible = pooled_visibility(key_mask, N, f, pooling, q.device) if causal else None  # (B|1, N)
 
     if bn:
         if stats is None and causal:
@@ -482,7 +579,7 @@ def _group(
     if kernel == "softmax":
         attn_mask = None
         if causal:
-            attn_mask = (torch.arange(M, device=q.device)[None, :] < visible[:, None])[None, None]  # (1, 1, N, M)
+            attn_mask = (torch.arange(M, device=q.device) < visible[:, :, None])[:, None]  # (B|1, 1, N, M)
         o, a = softmax_attention(
             q, kp, vp, key_mask=pmask, attn_mask=attn_mask, scale=scale, dropout_p=dropout_p,
             need_weights=need_weights, backend="auto" if need_weights else backend,
@@ -494,12 +591,16 @@ def _group(
             q, kp, vp, key_mask=pmask, causal=True, eps=eps, chunk_size=chunk_size, need_weights=need_weights
         )
     else:
-        # place each pooled key at the token where it becomes visible, mask the rest, run the causal scan
-        slot = ends.clamp_max(N)  # (M,) pooled keys ending after the last token go to a dropped extra slot
-        kt = q.new_zeros(q.shape[0], q.shape[1], N + 1, kp.shape[-1]).index_copy(2, slot, kp)[:, :, :N]
-        vt = vp.new_zeros(vp.shape[0], vp.shape[1], N + 1, vp.shape[-1]).index_copy(2, slot, vp)[:, :, :N]
-        real = torch.ones(q.shape[0], M, dtype=torch.bool, device=q.device) if pmask is None else pmask
-        mt = torch.zeros(q.shape[0], N + 1, dtype=torch.bool, device=q.device).index_copy(1, slot, real)[:, :N]
+        # place each pooled key at the position where it becomes visible (its last real token), mask the other
+        # positions, run the causal scan; keys that never become visible go to a dropped extra slot N
+        B, Hg = q.shape[:2]
+        slot = _visible_slots(key_mask, N, M, f, pooling, q.device).expand(B, M)  # (B, M)
+        idx = slot[:, None, :, None]  # (B, 1, M, 1)
+        kt = kp.new_zeros(B, Hg, N + 1, kp.shape[-1]).scatter(2, idx.expand_as(kp), kp)[:, :, :N]  # (B, Hg, N, D)
+        vt = vp.new_zeros(B, Hg, N + 1, vp.shape[-1]).scatter(2, idx.expand_as(vp), vp)[:, :, :N]  # (B, Hg, N, Dv)
+        real = torch.ones(B, M, dtype=torch.bool, device=q.device) if pmask is None else pmask
+        # slots past a sequence's end are all N, which is dropped: the values written there do not matter
+        mt = torch.zeros(B, N + 1, dtype=torch.bool, device=q.device).scatter(1, slot, real)[:, :N]  # (B, N)
         o, _ = linear_attention(q, kt, vt, key_mask=mt, causal=True, eps=eps, chunk_size=chunk_size)
         a = _causal_linear_weights(q, kp, pmask, visible, eps) if need_weights else None
 
@@ -510,12 +611,12 @@ def _group(
 
 
 def _causal_linear_weights(q: Tensor, kp: Tensor, pmask: Tensor | None, visible: Tensor, eps: float) -> Tensor:
-    """``(B, Hg, N, M)`` causal linear-attention weights over pooled keys (query i sees ``j < visible[i]``)."""
+    """``(B, Hg, N, M)`` causal linear-attention weights over pooled keys (query i sees ``j < visible[b, i]``)."""
     fq, fk = elu_feature_map(q), elu_feature_map(kp)
     if pmask is not None:
         fk = fk * pmask[:, None, :, None].to(fk.dtype)
     a = torch.matmul(fq, fk.transpose(-2, -1))  # (B, Hg, N, M)
-    a = a * (torch.arange(kp.shape[2], device=q.device)[None, :] < visible[:, None]).to(a.dtype)
+    a = a * (torch.arange(kp.shape[2], device=q.device) < visible[:, None, :, None]).to(a.dtype)  # (B|1, 1, N, M)
     return a / (a.sum(-1, keepdim=True) + eps)
 
 

@@ -217,3 +217,51 @@ def test_bn_rescales_logits_by_key_std():
     a, _ = bn_attention(q, k, v, bn_eps=1e-300)
     b, _ = softmax_attention(q, k, v, scale=1 / math.sqrt(6))
     assert rel_err(a, b) < 1e-10
+
+
+# ---- half precision: BN statistics in float32 ---------------------------------------------------------------
+
+BN_CASES = [
+    (name, causal)
+    for name in ("softmax_bn", "linear_bn", "softmax_bn_sh", "linear_bn_sh")
+    for causal in (False, True)
+    if not causal or pd.attention.attention_class(name).capabilities.causal
+]
+# float16 rounding of q, k, v (~5e-4) is amplified where a causal query has seen two or three pooled keys (their
+# variance is ill-conditioned), so the causal SH tolerance is looser; bfloat16 keeps 8 bits of mantissa
+HALF_TOL = {torch.float16: 3e-2, torch.bfloat16: 1e-1}
+
+
+@pytest.mark.parametrize("mode", ["half", "autocast"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name,causal", BN_CASES)
+def test_bn_in_half_precision_is_finite_and_matches_float32(name, causal, dtype, mode):
+    torch.manual_seed(0)
+    half = pd.build_attention(name, 64, 4, causal=causal).to(dtype).eval()
+    full = pd.build_attention(name, 64, 4, causal=causal).eval()
+    full.load_state_dict({k: v.float() for k, v in half.state_dict().items()})  # the same (rounded) weights
+    mask = torch.ones(3, 50, dtype=torch.bool)
+    mask[1, 40:] = False
+    mask[2, :7] = False
+    for scale in (1.0, 100.0, 1e4):  # N(0, 1), then |x| up to 1e4
+        x = (torch.randn(3, 50, 64) * scale).clamp(-1e4, 1e4).to(dtype)
+        ref = full(x.float(), mask)
+        if mode == "half":
+            out = half(x, mask)
+        else:
+            with torch.autocast("cpu", dtype=dtype):
+                out = full(x.float(), mask)
+        assert out.dtype == dtype and torch.isfinite(out).all(), f"scale {scale}"
+        assert rel_err(out, ref) < HALF_TOL[dtype], f"scale {scale}"
+
+
+def test_causal_bn_lm_in_float16_is_finite():
+    from primaldual.models import CausalLM
+
+    for attention in ("softmax_bn", "softmax_bn_sh"):
+        torch.manual_seed(0)
+        model = CausalLM(50, 64, dim=32, depth=2, num_heads=2, ffn_dim=64, dropout=0.0, attention=attention).eval()
+        ids = torch.randint(0, 50, (2, 12))
+        ref = model(ids)
+        out = model.half()(ids)
+        assert torch.isfinite(out).all() and rel_err(out, ref) < 3e-2, attention

@@ -10,6 +10,7 @@ from primaldual.functional.svr import (
     factor_ladder,
     key_statistics,
     memory_ratio,
+    pooled_visibility,
     pooling_matrix,
     prefix_key_statistics,
     svr_attention,
@@ -20,16 +21,20 @@ from tests.conftest import rel_err
 B, H, N, D = 2, 3, 17, 4
 
 
-def _inputs(n: int = N):
+def _inputs(n: int = N, odd: bool = False):
     q, k, v = (torch.randn(B, H, n, D, dtype=torch.float64, requires_grad=True) for _ in range(3))
     km = torch.ones(B, n, dtype=torch.bool)
     km[1, n - 5 :] = False  # right padding
     km[0, :2] = False  # left padding (empty causal prefixes)
+    if odd:  # odd left padding and pads inside the sequences: windows must follow the real tokens
+        km[1, :3] = False
+        km[0, 6:9] = False
+        km[1, 8] = False
     return q, k, v, km
 
 
-def _compare(opts: dict, ref_opts: dict, n: int = N):
-    q, k, v, km = _inputs(n)
+def _compare(opts: dict, ref_opts: dict, n: int = N, odd: bool = False):
+    q, k, v, km = _inputs(n, odd)
     out_f, _ = svr_attention(q, k, v, key_mask=km, **opts)
     g = torch.randn_like(out_f)
     grads_f = torch.autograd.grad((out_f * g).sum(), (q, k, v))
@@ -71,6 +76,42 @@ def test_matches_reference(kernel, causal, bn, sh):
     ref = dict(opts)
     ref.setdefault("factors", None)
     _compare(opts, ref)
+
+
+@pytest.mark.parametrize("kernel,causal,bn,sh", CASES, ids=[str(i) for i in range(len(CASES))])
+def test_matches_reference_with_odd_and_inner_padding(kernel, causal, bn, sh):
+    opts = {"kernel": kernel, "causal": causal, "bn": bool(bn), **bn, **sh}
+    ref = dict(opts)
+    ref.setdefault("factors", None)
+    _compare(opts, ref, odd=True)
+
+
+@pytest.mark.parametrize("pad", [(1, 0), (3, 2), (0, 5), (4, 7), (7, 1)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_reference_windows_follow_the_real_tokens(pad, causal):
+    """The reference itself: a left / right padded sequence gives the unpadded sequence's outputs."""
+    left, right = pad
+    q, k, v = (torch.randn(1, 2, 7, D, dtype=torch.float64) for _ in range(3))
+    opts = {"causal": causal, "bn": True, "factors": [2, 3], "stats_over": "tokens"}
+    alone = svr_attention_ref(q, k, v, **opts)
+    qp, kp, vp = (torch.cat([torch.randn(1, 2, left, D), t, torch.randn(1, 2, right, D)], 2) for t in (q, k, v))
+    km = torch.tensor([[False] * left + [True] * 7 + [False] * right])
+    out = svr_attention_ref(qp.double(), kp.double(), vp.double(), key_mask=km, **opts)
+    assert rel_err(out[:, :, left : left + 7], alone) < 1e-12
+
+
+def test_windows_start_at_the_first_real_token():
+    x = torch.arange(8, dtype=torch.float64).reshape(1, 1, 8, 1)  # tokens 0..7
+    km = torch.tensor([[False, True, True, True, False, True, True, False]])  # real: 1, 2, 3, 5, 6
+    pooled, pm = downsample(x, km, 2)
+    assert pooled[0, 0, :, 0].tolist() == [1.5, 4.0, 6.0, 0.0] and pm.tolist() == [[True, True, True, False]]
+    pooled, pm = downsample(x, km, 2, pooling="stride")
+    assert pooled[0, 0, :3, 0].tolist() == [1.0, 3.0, 6.0] and pm.tolist() == [[True, True, True, False]]
+    # causal: a window is visible from its last real token on; the partial window (6,) never is
+    assert pooled_visibility(km, 8, 2).tolist() == [[0, 0, 1, 1, 1, 2, 2, 2]]
+    assert pooled_visibility(km, 8, 2, "stride").tolist() == [[0, 1, 1, 2, 2, 2, 3, 3]]
+    assert pooled_visibility(None, 5, 2).tolist() == [[0, 1, 1, 2, 2]]
+    assert pooled_visibility(km, 8, 1).tolist() == [list(range(1, 9))]  # factor 1: keys stay in place
 
 
 @pytest.mark.parametrize("pooling", ["avg", "stride"])
@@ -155,7 +196,7 @@ def test_bad_inputs():
         svr_attention(q, q, q, factors=[1, 0, 2])
     with pytest.raises(ValueError, match="pooling"):
         svr_attention(q, q, q, factors=None, pooling="max")
-    with pytest.raises(ValueError, match="num_cls \\+ gh \\* gw"):
+    with pytest.raises(ValueError, match="num_cls \\+ gh \\* gw.*cannot be padded"):
         svr_attention(q, q, q, factors=None, grid=(2, 3), num_cls=1)
     with pytest.raises(ValueError, match="stats_over"):
         svr_attention(q, q, q, bn=True, stats_over="channels")
@@ -167,3 +208,21 @@ def test_bad_inputs():
         svr_attention(q, q, q, kernel="cosine")
     with pytest.raises(ValueError, match="causal=True needs grid=None"):
         svr_attention(q, q, q, factors=None, grid=(2, 3), causal=True)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_bn_runs_in_float32_under_half_precision(causal):
+    """float16 / bfloat16 inputs: statistics, normalisation and kernel in float32, output in the input dtype;
+    float32 inputs under float16 autocast: autocast is off inside, so the result is the float32 one."""
+    q, k, v = (torch.randn(2, 3, 20, 8) for _ in range(3))
+    opts = {"bn": True, "causal": causal, "factors": [1, 2, 3]}
+    ref, _ = svr_attention(q, k, v, **opts)
+    for dtype, tol in ((torch.float16, 1e-2), (torch.bfloat16, 5e-2)):
+        out, _ = svr_attention(q.to(dtype), k.to(dtype), v.to(dtype), **opts)
+        assert out.dtype == dtype and torch.isfinite(out).all() and rel_err(out, ref) < tol
+        with torch.autocast("cpu", dtype=dtype):
+            auto, _ = svr_attention(q, k, v, **opts)
+        assert auto.dtype == torch.float32 and rel_err(auto, ref) < 1e-6
+    # the position-0 case of causal BN in float16: one key, s^2 = eps, 1 / eps overflows float16
+    out, _ = svr_attention(q[:, :, :1].half(), k[:, :, :1].half(), v[:, :, :1].half(), **opts)
+    assert torch.isfinite(out).all()

@@ -64,6 +64,20 @@ def test_greedy_generate_equals_repeated_full_forwards(attention):
     assert torch.equal(out, seq)
 
 
+@pytest.mark.parametrize("attention", CAUSAL)
+def test_generate_of_a_mixed_batch_equals_each_prompt_alone(attention):
+    """Left-aligning prompts of different lengths (2, 5, 9 tokens: pads that are not multiples of the SH pooling
+    factors) must not change any sequence's greedy continuation."""
+    model = _model(attention)
+    ids, mask = _prompts()
+    out, out_mask = model.generate(ids, mask, max_new_tokens=6, temperature=0.0)
+    logits = model(out, out_mask)  # (B, 15, V): greedy tokens can hide a logit difference, so compare these too
+    for b in range(ids.shape[0]):
+        alone, _ = model.generate(ids[b][mask[b]][None], max_new_tokens=6, temperature=0.0)  # (1, len + 6)
+        assert torch.equal(out[b, 9:], alone[0, -6:]), f"prompt {b}"
+        assert rel_err(logits[b, out_mask[b]], model(alone)[0]) < 1e-10, f"prompt {b}"
+
+
 def test_right_padded_prompts_are_left_aligned_and_sampling_is_seeded():
     model = _model("softmax")
     ids, mask = _prompts()
