@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 
 import pytest
+import torch
 
 from primaldual.cli import main
 
@@ -110,3 +111,11 @@ def test_an_error_raised_in_a_data_loader_worker_is_one_short_line():
     assert (
         _message(ValueError(text)) == "/data/train/cat/broken.png: cannot read the image (cannot identify image file)"
     )
+
+
+def test_a_seed_beyond_the_generators_range_is_named():
+    from primaldual.models import CausalLM
+
+    m = CausalLM(50, 16, dim=16, depth=1, num_heads=2, ffn_dim=16, dropout=0.0, attention="softmax").eval()
+    with pytest.raises(ValueError, match=r"seed must be an int in \[0, 18446744073709551615\]"):
+        m.generate(torch.zeros(1, 2, dtype=torch.long), None, 2, seed=10**23)

@@ -167,6 +167,7 @@ class CausalLM(nn.Module):
         check_number("temperature", temperature, low=0.0)
         check_int("top_k", top_k, low=1, allow_none=True)
         check_int("eos_id", eos_id, low=0, high=self.vocab_size - 1, allow_none=True)
+        check_int("seed", seed, low=0, high=2**64 - 1, allow_none=True)  # what torch.Generator takes
         B, N = ids.shape
         mask = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask
         if mask.dtype != torch.bool or mask.shape != ids.shape:

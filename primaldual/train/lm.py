@@ -385,7 +385,7 @@ def generate_text(
     check_int("--max-new-tokens", max_new_tokens, low=0)
     check_number("--temperature", temperature, low=0.0)
     check_int("--top-k", top_k, low=1, allow_none=True)
-    check_int("--seed", seed, low=0, allow_none=True)
+    check_int("--seed", seed, low=0, high=2**64 - 1, allow_none=True)  # what torch.Generator takes
     run_dir = Path(run_dir)
     cfg = run_config(run_dir)  # FileNotFoundError for a directory that is not a run
     if cfg.model.resolved_kind(cfg.task) != "lm":
