@@ -105,8 +105,9 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         return _print_config(args)
     from .run import fit, set_threads
 
-    set_threads(args.threads)
+    set_threads(args.threads)  # checked before the config is read
     cfg = _load(args)
+    set_threads(args.threads, workers=cfg.data.num_workers)  # warns when threads + workers exceed the cores
     fit(cfg, args.run_dir, fresh=args.fresh)
     return 0
 
@@ -116,8 +117,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         return _print_config(args)
     from .run import evaluate, set_threads
 
-    set_threads(args.threads)
+    set_threads(args.threads)  # checked before the config is read
     cfg = _load(args)
+    set_threads(args.threads, workers=cfg.data.num_workers)
     res = evaluate(cfg, args.command, args.ckpt, args.run_dir)
     for k, v in res[0].items():
         print(f"{k}: {v:.4f}")

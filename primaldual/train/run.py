@@ -19,6 +19,7 @@ import contextlib
 import inspect
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,8 @@ __all__ = [
     "prepare_run_dir",
     "run_config",
     "set_threads",
+    "usable_cores",
+    "ThreadsOversubscribedWarning",
 ]
 
 
@@ -283,7 +286,32 @@ def evaluate(
     return run(module, dm, ckpt_path=str(path), **_safe(run))
 
 
-def set_threads(n: int | None, flag: str = "--threads") -> None:
-    """Limit torch's intra-op threads (e.g. 1 per run when two runs share two cores); None leaves torch's default."""
+class ThreadsOversubscribedWarning(UserWarning):
+    """Intra-op threads plus data-loader workers exceed the cores this process may use."""
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS tells it, else the CPU count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def set_threads(n: int | None, flag: str = "--threads", workers: int = 0) -> int:
+    """torch's intra-op threads: ``n`` when given (e.g. 1 per run when two runs share two cores), else torch's
+    default; returns the count. With ``workers`` data-loader worker processes, threads + workers above the cores is a
+    :class:`ThreadsOversubscribedWarning`: busy workers (decoding, augmentation) then slow every multi-threaded kernel
+    several-fold. The default is not lowered for them: a light worker (ListOps tokens) is mostly idle, and one thread
+    fewer made a reduced ListOps run 1.35x slower on 2 cores (``benchmarks/worker_threads.py``, docs/benchmarks.md).
+    """
     if check_int(flag, n, low=1, allow_none=True) is not None:
         torch.set_num_threads(n)
+    threads, cores = torch.get_num_threads(), usable_cores()
+    if workers > 0 and threads + workers > cores:
+        warnings.warn(
+            ThreadsOversubscribedWarning(
+                f"{threads} intra-op threads + {workers} data-loader workers exceed the {cores} cores this process "
+                f"may use; if the workers are busy (image decoding, augmentation), pass --threads "
+                f"{max(1, cores - workers)} (benchmarks/worker_threads.py measures both)"
+            ),
+            stacklevel=2,
+        )
+    return threads

@@ -58,3 +58,27 @@ def test_run_dir_with_another_config_is_refused(tmp_path, tiny_config):
     fit(load_config(path), tmp_path / "run", verbose=False)
     with pytest.raises(ValueError, match="different config"):
         fit(load_config(path, ["--model.dim", "8"]), tmp_path / "run", verbose=False)
+
+
+def test_threads_and_data_loader_workers_beyond_the_cores_are_named(monkeypatch):
+    """torch's default threads are kept (a light worker is mostly idle), but threads + workers above the cores is a
+    named warning that says what to pass."""
+    import warnings
+
+    import torch
+
+    from primaldual.train import run
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(run, "usable_cores", lambda: 4)
+    try:
+        torch.set_num_threads(4)
+        with pytest.warns(
+            run.ThreadsOversubscribedWarning, match=r"4 intra-op threads \+ 1 data-loader workers.*--threads 3"
+        ):
+            assert run.set_threads(None, workers=1) == 4
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert run.set_threads(2, workers=2) == 2 and run.set_threads(None) == 2  # fits, or no workers: silent
+    finally:
+        torch.set_num_threads(before)
