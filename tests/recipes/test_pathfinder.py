@@ -103,3 +103,13 @@ def test_write_read_generated(tmp_path):
         PathfinderDataset(out, "val")
     with pytest.raises(FileExistsError):
         write_pathfinder(out, {"train": 2}, seed=2)
+
+
+def test_settings_that_admit_no_image_fail_instead_of_hanging():
+    """``--contour-length 40`` on 32 x 32 images used to hang with no output; a probe now reports it in seconds."""
+    import time
+
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=r"40 dashes of 1 \+ 1.5 px do not fit a 32 x 32 image"):
+        generate_pathfinder(4, config=PathfinderConfig(contour_length=40))
+    assert time.perf_counter() - t0 < 120
