@@ -15,7 +15,7 @@ file (``docs/training.md``, "A task of your own").
 from __future__ import annotations
 
 import importlib
-import os
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -184,6 +184,7 @@ def unregister_task(name: str) -> None:
     _REGISTRY.pop(name, None)
 
 
+@cache  # the installed distributions' metadata is scanned once per process
 def _plugins() -> dict[str, Any]:
     """Tasks other packages declare: entry points of the group ``primaldual.tasks`` (name -> the module or class
     that registers it), so that ``primaldual fit`` finds them without an import of yours."""
@@ -214,7 +215,7 @@ def exclusive_keys() -> dict[tuple[str, str | None], set[str]]:
     """``(section, key or None for the whole section) -> the tasks that read it``, over every registered task."""
     owners: dict[tuple[str, str | None], set[str]] = {}
     for name in list_tasks():
-        task = _REGISTRY[name]
+        task = get_task(name)  # a plugin task declared by an entry point is loaded to learn what it owns
         for section in task.sections:
             owners.setdefault((section, None), set()).add(name)
         for key in task.keys:
@@ -225,7 +226,3 @@ def exclusive_keys() -> dict[tuple[str, str | None], set[str]]:
 def data_info(dm: Any) -> dict[str, Any]:
     """The plain values of a data module's ``info`` (what ``summary.json`` records of the data)."""
     return {k: v for k, v in getattr(dm, "info", {}).items() if isinstance(v, str | int | float | bool)}
-
-
-def path_or_none(value: str | None) -> Path | None:
-    return Path(os.path.expanduser(value)) if value is not None else None

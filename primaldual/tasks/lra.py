@@ -69,10 +69,14 @@ class LRATask(Task):
     prefix: str | None = None  # data names starting with this are accepted too
 
     def check(self, cfg: RunConfig) -> None:
-        names, name = LRA_DATASETS[self.name], cfg.data.name
+        self.check_name(cfg.data.name)
+        path_part("data.name", cfg.data.name)
+
+    def check_name(self, name: str) -> None:
+        """Refuse a ``data.name`` this task does not read."""
+        names = LRA_DATASETS[self.name]
         if name not in names and not (self.prefix and isinstance(name, str) and name.startswith(self.prefix)):
             raise ConfigError(f"data.name: task {self.name!r} takes one of {names}, got {name!r}")
-        path_part("data.name", name)
 
     def splits(self, cfg: DataConfig) -> dict[str, Dataset]:
         """``{"train", "val", "test"}`` datasets of ``cfg.name``."""
@@ -107,9 +111,7 @@ def build_lra_splits(cfg: DataConfig, task: str) -> dict[str, Dataset]:
     t = get_task(task)
     if not isinstance(t, LRATask):
         raise ConfigError(f"task: expected one of {sorted(LRA_DATASETS)}, got {task!r}")
-    names = LRA_DATASETS[task]
-    if cfg.name not in names and not (t.prefix and cfg.name.startswith(t.prefix)):
-        raise ConfigError(f"data.name: task {task!r} takes one of {names}, got {cfg.name!r}")
+    t.check_name(cfg.name)
     return finish_splits(cfg, t.splits)
 
 

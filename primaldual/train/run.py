@@ -126,8 +126,8 @@ def fit(
         cfg: the resolved config. run_dir: default :func:`default_run_dir`. fresh: delete the run dir first.
         verbose: per-epoch lines and the final report on stdout (rank 0).
     """
-    run_dir = check_run_dir(run_dir, fresh) if run_dir is not None else default_run_dir(cfg)
-    check_run_dir(run_dir, fresh)  # before the data and the lock: a directory that is not ours is never touched
+    # before the data and the lock: a directory that is not ours is never touched
+    run_dir = check_run_dir(run_dir if run_dir is not None else default_run_dir(cfg), fresh)
     task = get_task(cfg.task)
     if not task.lightning:  # a loop of its own: the same run directory and lock, its own resume
         return task.fit(cfg, run_dir, fresh=fresh, verbose=verbose)
