@@ -79,25 +79,44 @@ def test_generate_random_via_cli(tmp_path, capsys, monkeypatch):
 
 def test_generate_medium_and_replay(tmp_path):
     _need_rl()
-    from primaldual.recipes.d4rl import SACRun, generate_d4rl, select_checkpoints, train_sac
+    from primaldual.recipes.d4rl import (
+        MEDIUM_RETURN,
+        MediumTargetWarning,
+        SACRun,
+        generate_d4rl,
+        select_checkpoints,
+        train_sac,
+    )
 
     work = tmp_path / "sac"
     kw = dict(sac_steps=300, eval_every=100, eval_episodes=2, behaviour_episodes=2, work_dir=work)
     lines: list[str] = []
-    out, meta = generate_d4rl(
-        "hopper", "medium", transitions=500, out=tmp_path / "m", sac_options=TINY, progress=False, log=lines.append,
-        **kw,
-    )  # fmt: skip
+    with pytest.warns(MediumTargetWarning, match="no SAC checkpoint within 25% of the medium target return 1430"):
+        out, meta = generate_d4rl(
+            "hopper", "medium", transitions=500, out=tmp_path / "m", sac_options=TINY, progress=False,
+            log=lines.append, **kw,
+        )  # fmt: skip
     _check_generated(out, "medium", 500)
     hist = meta["sac"]["history"]
     assert [h["step"] for h in hist] == [100, 200, 300]
-    chosen = select_checkpoints(hist)
+    assert all(h["sampled_return_mean"] is not None and h["train_seconds"] > 0 for h in hist)
+    # the medium target is absolute (D4RL's medium return), not a third of this run's best
+    chosen = select_checkpoints(hist, "hopper")
+    assert chosen["medium_target"] == MEDIUM_RETURN["hopper"] == meta["sac"]["medium_target_return"]
     assert meta["sac"]["medium_checkpoint_step"] == chosen["medium"]["step"]
-    best = max(h["return_mean"] for h in hist)
-    assert chosen["expert"]["return_mean"] == best
-    assert abs(chosen["medium"]["return_mean"] - best / 3) == min(abs(h["return_mean"] - best / 3) for h in hist)
+    best = max(h["sampled_return_mean"] for h in hist)  # chosen on sampled actions: the behaviour the data records
+    assert chosen["expert"]["sampled_return_mean"] == best
+    gaps = [abs(h["sampled_return_mean"] - 1430.0) for h in hist]
+    assert abs(chosen["medium"]["sampled_return_mean"] - 1430.0) == min(gaps)
+    # a tiny SAC budget cannot reach it: the generator says so by a named warning
+    assert meta["sac"]["d4rl_medium_normalized_score"] == 44.0
+    target = select_checkpoints(hist, "hopper", medium_return=hist[1]["sampled_return_mean"])
+    assert target["medium"]["sampled_return_mean"] == hist[1]["sampled_return_mean"]
     # the same run serves medium-replay: the replay buffer up to the medium checkpoint
-    out, meta = generate_d4rl("hopper", "medium-replay", out=tmp_path / "mr", sac_options=TINY, progress=False, **kw)
+    with pytest.warns(MediumTargetWarning):
+        out, meta = generate_d4rl(
+            "hopper", "medium-replay", out=tmp_path / "mr", sac_options=TINY, progress=False, **kw
+        )
     _check_generated(out, "medium-replay", chosen["medium"]["step"])
     # checkpoints are loaded only when their bytes match the hashes recorded when they were written
     run = SACRun(work, json.loads((work / "state.json").read_text()))
@@ -112,6 +131,7 @@ def test_generate_medium_and_replay(tmp_path):
         train_sac("hopper", 300, eval_every=150, eval_episodes=2, work_dir=work, sac_options=TINY, progress=False)
 
 
+@pytest.mark.filterwarnings("ignore::primaldual.recipes.d4rl.MediumTargetWarning")
 def test_sigkill_during_sac_resumes(tmp_path):
     _need_rl()
     from primaldual.recipes.d4rl import generate_d4rl
