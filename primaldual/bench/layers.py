@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ..utils.io import atomic_write_json, atomic_write_text
+from ..utils.memory import PeakMemory, status_kb
 
 __all__ = [
     "FLOOR",
@@ -148,13 +149,6 @@ def machine_info(device: str = "cpu") -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- worker
 
 
-def status_kb(field: str) -> int:
-    """A ``kB`` field of ``/proc/self/status`` (``VmRSS``, ``VmHWM``, ...) of this process; 0 if absent."""
-    with open("/proc/self/status") as f:
-        m = re.search(rf"{field}:\s+(\d+) kB", f.read())
-    return int(m.group(1)) if m else 0
-
-
 def _build_layer(name: str, dim: int, heads: int, opts: dict[str, Any], device, dtype):
     """A ``(B, N, dim) -> (B, N, dim)`` module and whether it takes our mask convention."""
     import torch
@@ -241,44 +235,6 @@ def profile_layer(case: dict[str, Any], calls: int = 2, rows: int = 12) -> str:
     call, sync = _case_call(case)
     head = f"{case['attention']} {case['mode']} N={case['length']} B={case['batch']} dim={case['dim']}, {calls} calls"
     return profile_tables(call, sync, case["device"], calls, head, rows)
-
-
-class PeakMemory:
-    """Peak memory of what runs after construction: CUDA ``max_memory_allocated``, or on CPU the kernel's peak-RSS
-    counter reset here (``VmHWM``), falling back to the process-lifetime ``ru_maxrss`` where it cannot be reset."""
-
-    def __init__(self, device: Any) -> None:
-        import torch
-
-        self.cuda = torch.device(device).type == "cuda"
-        self.reset_ok = True
-        if self.cuda:
-            torch.cuda.synchronize()
-            self.base = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            return
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-        except OSError:
-            self.reset_ok = False
-        self.base = status_kb("VmRSS") * 1024
-
-    @property
-    def method(self) -> str:
-        return "cuda_max_allocated" if self.cuda else ("vmhwm_reset" if self.reset_ok else "ru_maxrss")
-
-    def mb(self) -> float:
-        """The peak above the baseline so far, in MiB."""
-        import torch
-
-        if self.cuda:
-            peak = torch.cuda.max_memory_allocated() - self.base
-        elif self.reset_ok:
-            peak = status_kb("VmHWM") * 1024 - self.base
-        else:
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - self.base
-        return max(peak, 0) / 2**20
 
 
 def _worker(case: dict[str, Any]) -> dict[str, Any]:

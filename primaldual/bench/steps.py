@@ -18,8 +18,12 @@ compilation, so give ``--warmup`` 2 or more, and the table marks the config "(co
 
 What is not timed: data loading and collation (the same batch is reused), evaluation, logging, checkpointing and the
 rest of the Lightning loop (callbacks, hooks, gradient clipping, accumulation), and the config's
-``trainer.precision`` / ``trainer.accelerator``: every step runs in float32 on the CPU, with ``--threads`` torch
-threads (default 1). Build and warm-up steps (``--warmup``) are excluded.
+``trainer.precision`` / ``trainer.accelerator``: every step runs in float32 on ``--device`` (default the CPU, with
+``--threads`` torch threads, default 1; ``cuda``: the first GPU, synchronised before and after each timed stretch).
+Build and warm-up steps (``--warmup``) are excluded. Peak memory per config (``peak_mb``): the most any of its
+timed stretches needed above what was allocated before it (:class:`~primaldual.utils.memory.PeakMemory`: CUDA's
+``max_memory_allocated``, or the process's peak resident set on the CPU), so with several configs built at once it
+is each one's activations, gradients and optimiser growth, not the resident models.
 
 Why interleaved: on a shared or noisy machine the speed drifts over minutes (other jobs, thermal and frequency
 changes), so timing config A for a minute and then config B folds the drift into the ratio. Instead all configs
@@ -58,7 +62,7 @@ __all__ = [
     "time_steps",
 ]
 
-TABLE_HEADER = "| config | attention | params | ms / step (median) | min-max | ratio to first |"
+TABLE_HEADER = "| config | attention | params | ms / step (median) | min-max | ratio to first | peak MiB |"
 
 
 @dataclass
@@ -73,6 +77,7 @@ class StepCase:
     params: int
     batch_size: int
     compiled: bool = False  # trainer.compile was set and the model compiled (not fallen back to eager)
+    device: str = "cpu"
 
 
 def parse_sets(items: list[str] | None) -> list[str]:
@@ -102,7 +107,9 @@ def attention_plan(attention: Any) -> str:
     return ", ".join(f"{name} x{n}" if n > 1 else str(name) for name, n in runs)
 
 
-def build_case(spec: str, overrides: list[str] | None = None, batch_size: int | None = None) -> StepCase:
+def build_case(
+    spec: str, overrides: list[str] | None = None, batch_size: int | None = None, device: str = "cpu"
+) -> StepCase:
     """Load config ``spec`` (with ``overrides``), build its data and module as a run does, and take the batch.
 
     Raises:
@@ -131,6 +138,7 @@ def build_case(spec: str, overrides: list[str] | None = None, batch_size: int | 
         raise ValueError(
             f"{spec}: the {type(module).__name__} of task {cfg.task!r} has no training_loss(batch, batch_idx) to time"
         )
+    module.to(device)
     module.train()
     opt = module.configure_optimizers()
     if isinstance(opt, dict):
@@ -138,7 +146,7 @@ def build_case(spec: str, overrides: list[str] | None = None, batch_size: int | 
     size = cfg.data.batch_size if batch_size is None else batch_size
     loader = DataLoader(dm.datasets["train"], batch_size=size, shuffle=False)
     try:
-        batch = tuple(next(iter(loader)))
+        batch = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in next(iter(loader)))
     except StopIteration:
         raise ValueError(f"{spec}: the training split is empty") from None
     params = sum(p.numel() for p in module.parameters())
@@ -148,18 +156,27 @@ def build_case(spec: str, overrides: list[str] | None = None, batch_size: int | 
 
         inputs = list(next(iter(dm.val_dataloader()[0]))[:-1])  # the model's inputs, as the run's check takes them
         compiled = compile_model(module.model, inputs, lambda line: print(f"{spec}: {line}", flush=True))
-    return StepCase(spec, cfg, module, opt, batch, int(params), int(batch[0].shape[0]), compiled)
+    return StepCase(spec, cfg, module, opt, batch, int(params), int(batch[0].shape[0]), compiled, str(device))
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def time_steps(case: StepCase, steps: int) -> float:
     """Run ``steps`` consecutive training steps of ``case``; returns the mean seconds per step."""
     module, opt, batch = case.module, case.optimizer, case.batch
+    _sync(case.device)
     start = time.perf_counter()
     for i in range(steps):
         loss = module.training_loss(batch, i)[0]
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+    _sync(case.device)
     return (time.perf_counter() - start) / steps
 
 
@@ -172,6 +189,7 @@ def run_steps(
     rounds: int = 5,
     warmup: int = 3,
     threads: int = 1,
+    device: str = "cpu",
     verbose: bool = True,
 ) -> list[dict[str, Any]]:
     """Build every config of ``specs``, warm each up, then time ``rounds`` interleaved rounds (see the module
@@ -187,12 +205,18 @@ def run_steps(
     check_int("--batch", batch, low=1, allow_none=True)
     if not specs:
         raise ValueError("bench steps: give at least one CONFIG")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"--device: expected 'cpu' or 'cuda', got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    from ..utils.memory import PeakMemory
+
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         cases = []
         for spec in specs:
-            case = build_case(spec, overrides, batch)
+            case = build_case(spec, overrides, batch, device)
             cases.append(case)
             if verbose:
                 plan = attention_plan(case.cfg.model.attention)
@@ -203,11 +227,14 @@ def run_steps(
             for _ in range(warmup):
                 time_steps(case, 1)
         per_round: list[list[float]] = [[] for _ in cases]
+        peaks = [0.0 for _ in cases]
         for r in range(rounds):
             for j in range(len(cases)):
                 k = (r + j) % len(cases)  # rotated: every config takes every position
                 gc.collect()
+                memory = PeakMemory(device)
                 per_round[k].append(1000.0 * time_steps(cases[k], steps))
+                peaks[k] = max(peaks[k], memory.mb())
             if verbose:
                 times = ", ".join(f"{c.spec} {per_round[i][-1]:.2f}" for i, c in enumerate(cases))
                 print(f"round {r + 1}/{rounds} (ms / step): {times}", flush=True)
@@ -215,7 +242,7 @@ def run_steps(
         torch.set_num_threads(previous)
     first = statistics.median(per_round[0])
     records = []
-    for case, ms in zip(cases, per_round):
+    for case, ms, peak in zip(cases, per_round, peaks):
         median = statistics.median(ms)
         m = case.cfg.model
         records.append(
@@ -235,6 +262,9 @@ def run_steps(
                 "ms_per_step_max": max(ms),
                 "ms_per_step_rounds": ms,
                 "ratio_to_first": median / first,
+                "device": device,
+                "peak_mb": round(peak, 1),
+                "peak_method": PeakMemory(device).method,
             }
         )
     return records
@@ -246,12 +276,13 @@ def _ms(v: float) -> str:
 
 def steps_table(records: list[dict[str, Any]]) -> str:
     """The markdown table: config, attention plan, parameters, median ms / step, min-max, ratio to the first."""
-    lines = [TABLE_HEADER, "|---|---|---:|---:|---:|---:|"]
+    lines = [TABLE_HEADER, "|---|---|---:|---:|---:|---:|---:|"]
     for r in records:
         lines.append(
             f"| {r['config']} | {r['attention']}{' (compiled)' if r.get('compiled') else ''} | {r['params']:,} | "
             f"{_ms(r['ms_per_step'])} | "
-            f"{_ms(r['ms_per_step_min'])}-{_ms(r['ms_per_step_max'])} | {r['ratio_to_first']:.2f} |"
+            f"{_ms(r['ms_per_step_min'])}-{_ms(r['ms_per_step_max'])} | {r['ratio_to_first']:.2f} | "
+            f"{r.get('peak_mb', float('nan')):.0f} |"
         )
     return "\n".join(lines)
 
@@ -265,6 +296,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps per config (default 3)")
     p.add_argument("--batch", type=int, default=None, help="batch size for every config (default: data.batch_size)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the steps run (default cpu)")
     p.add_argument(
         "--set",
         action="append",
@@ -288,6 +320,8 @@ def _command(args: argparse.Namespace) -> str:
     if args.batch is not None:
         parts += ["--batch", str(args.batch)]
     parts += ["--threads", str(args.threads)]
+    if args.device != "cpu":
+        parts += ["--device", args.device]
     for s in args.sets:
         parts += ["--set", s]
     return shlex.join([*parts, "--out", str(args.out)])
@@ -308,6 +342,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         warmup=args.warmup,
         threads=args.threads,
+        device=args.device,
     )
     command = _command(args)
     settings = {

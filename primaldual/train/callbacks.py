@@ -22,6 +22,7 @@ import io
 import os
 import random
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from ..utils.io import atomic_write_bytes
 from .checkpoints import keep_previous, load_checkpoint
 from .protocols import Protocol
 
-__all__ = ["AtomicCheckpointIO", "EpochHistory", "EpochSeed"]
+__all__ = ["AtomicCheckpointIO", "EpochHistory", "EpochSeed", "StepTimer"]
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -86,6 +87,51 @@ class EpochSeed(L.Callback):
         random.seed(s)
         np.random.seed(s)
         torch.manual_seed(s)
+
+
+class StepTimer(L.Callback):
+    """Wall time of each training step and the peak memory of training, for ``summary.json``.
+
+    A step is timed from ``on_train_batch_start`` to ``on_train_batch_end`` (forward, backward, optimiser; CUDA is
+    synchronised at both ends so the time is the device's); evaluations and checkpoint writes fall outside. The
+    first ``warmup`` steps of an attempt (allocator growth, ``torch.compile``) are left out of the median. Memory:
+    :class:`~primaldual.utils.memory.PeakMemory` from the start of training (CUDA ``max_memory_allocated`` above
+    what was allocated then, or the process's peak resident set above its size then, on the CPU).
+    """
+
+    def __init__(self, warmup: int = 10) -> None:
+        self.warmup = warmup
+        self.times: list[float] = []
+        self.memory: Any = None
+        self._t0 = 0.0
+
+    def _sync(self, pl_module: L.LightningModule) -> None:
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        from ..utils.memory import PeakMemory
+
+        self.memory = PeakMemory(pl_module.device)
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int):
+        self._sync(pl_module)
+        self._t0 = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int):
+        self._sync(pl_module)
+        self.times.append(time.perf_counter() - self._t0)
+
+    def summary(self) -> dict[str, Any]:
+        """``train_step_seconds`` (median after the warm-up), the count timed, and the peak memory in MiB."""
+        timed = self.times[self.warmup :] or self.times
+        out: dict[str, Any] = {"train_steps_timed": len(timed)}
+        if timed:
+            out["train_step_seconds"] = round(float(np.median(timed)), 6)
+        if self.memory is not None:
+            out["peak_memory_mb"] = round(self.memory.mb(), 1)
+            out["peak_memory_method"] = self.memory.method
+        return out
 
 
 _TRAIN_KEYS = ("train/loss_epoch", "train/task_loss", "train/aux_loss", "train/acc")

@@ -32,7 +32,7 @@ from torch import nn
 from ..options import check_int
 from ..tasks.base import get_task
 from ..utils.io import atomic_write_json
-from .callbacks import AtomicCheckpointIO, EpochHistory, EpochSeed
+from .callbacks import AtomicCheckpointIO, EpochHistory, EpochSeed, StepTimer
 from .checkpoints import check_fits, load_checkpoint, resume_checkpoint
 from .config import ConfigError, RunConfig, load_config
 from .lock import RunLock
@@ -170,7 +170,8 @@ def _fit(cfg: RunConfig, run_dir: Path, protocol: Any, dm: Any, module: L.Lightn
     )
     logger = CSVLogger(run_dir, name="logs")
     seeder = EpochSeed(cfg.seed, cfg.trainer.accumulate_grad_batches)
-    trainer = _trainer(cfg, run_dir, [seeder, history, last_ckpt], logger)
+    timer = StepTimer()
+    trainer = _trainer(cfg, run_dir, [seeder, history, last_ckpt, timer], logger)
     if cfg.trainer.compile:
         _compile(module, dm, trainer, note if trainer.is_global_zero else (lambda msg: None))
     if verbose and trainer.is_global_zero:
@@ -196,6 +197,7 @@ def _fit(cfg: RunConfig, run_dir: Path, protocol: Any, dm: Any, module: L.Lightn
         "best_epoch": best["epoch"] + 1,
         "run_dir": str(run_dir),
         "fit_seconds_this_attempt": round(time.time() - t0, 1),
+        **timer.summary(),  # this attempt's steps
     }
     if cfg.step_based:
         summary.update(steps=int(trainer.global_step), best_step=int(best["step"]), evaluations=len(history.rows))

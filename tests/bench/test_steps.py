@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from primaldual.bench.steps import TABLE_HEADER, attention_plan, parse_sets
+from primaldual.bench.steps import TABLE_HEADER, attention_plan, parse_sets, run_steps
 from primaldual.cli import main
 
 from ..conftest import TINY
@@ -69,7 +69,20 @@ def test_two_vision_configs_are_timed_interleaved_and_written(tmp_path, vision_c
     for text in (printed, md):
         assert TABLE_HEADER in text
         rows = [line for line in text.splitlines() if line.startswith(f"| {a} ") or line.startswith(f"| {b} ")]
-        assert len(rows) == 2 and rows[0].endswith("| 1.00 |")
+        assert len(rows) == 2 and "| 1.00 |" in rows[0]
+    for r in records:  # each config's own peak above what was resident before its timed steps
+        assert r["device"] == "cpu" and r["peak_mb"] >= 0 and r["peak_method"] in ("vmhwm_reset", "ru_maxrss")
+
+
+def test_device_cuda_without_a_gpu_is_a_clear_error(vision_configs):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(ValueError, match="--device cuda: no CUDA device is available"):
+        run_steps([vision_configs[0]], device="cuda", verbose=False)
+    with pytest.raises(ValueError, match="--device: expected 'cpu' or 'cuda', got 'tpu'"):
+        run_steps([vision_configs[0]], device="tpu", verbose=False)
 
 
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None, reason="no C++ compiler for Inductor")
