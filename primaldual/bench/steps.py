@@ -330,6 +330,12 @@ def _command(args: argparse.Namespace) -> str:
 def run_from_args(args: argparse.Namespace) -> int:
     import torch
 
+    where = (
+        f"the CPU with {_n(args.threads, 'thread')}"
+        if args.device == "cpu"
+        else f"{torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'CUDA'}"
+    )
+
     from ..utils.io import atomic_write_json, atomic_write_text
     from .layers import machine_info
 
@@ -368,7 +374,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         "# Training-step timings (`primaldual bench steps`)\n\n"
         f"`{command}`\n\n"
         f"{_n(args.steps, 'step')} x {_n(args.rounds, 'interleaved round')} after {_n(args.warmup, 'warm-up step')}, "
-        f"float32 on the CPU with {_n(args.threads, 'thread')}, torch {torch.__version__}; median over rounds of the "
+        f"float32 on {where}, torch {torch.__version__}; median over rounds of the "
         "per-step mean.\n\n"
         f"{table}\n"
     )

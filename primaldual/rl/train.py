@@ -11,6 +11,11 @@ rollouts.
 * **Loss**: masked action MSE + ``collect_aux_loss(model)`` (the primal layers' KSVD term); the optimiser of
   ``optim`` (AdamW in the configs), the warm-up / decay of ``schedule`` (:func:`~primaldual.train.module.lr_factor`),
   gradient norm clipped at ``trainer.gradient_clip_val``.
+* **Speed** (the model's forward and backward are most of a step): ``trainer.compile: true`` compiles the model in
+  place as the Lightning tasks do (:func:`~primaldual.train.compile.compile_model`: checked against eager first,
+  dropout masks drawn by a fused counter-based hash on the CPU); ``trainer.precision: bf16-mixed`` runs the
+  forward and the loss under bfloat16 autocast (matrix products in bfloat16; weights, gradients and the optimiser
+  stay float32; rollouts run in float32). ``benchmarks/dt_update.py`` times each against the plain float32 step.
 * **Evaluation**: every ``trainer.val_check_interval`` steps and at the end, ``rl.eval_episodes`` rollouts per
   target return (``rl.target_returns``, default the reference targets of the environment), seeds
   ``rl.eval_seed + i`` (the same episodes at every evaluation), scored by
@@ -26,6 +31,7 @@ config check are the harness's (``config.yaml``, ``run.lock``, ``history.csv``, 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -175,10 +181,22 @@ def _batch(ds: Any, step: int, batch_size: int, per_epoch: int) -> dict[str, tor
     return {k: torch.stack([torch.as_tensor(it[k]) for it in items]) for k in items[0]}
 
 
+def _inputs(batch: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    return [batch["states"], batch["actions"], batch["returns_to_go"], batch["timesteps"], batch["mask"]]
+
+
+def _autocast(cfg: RunConfig, device: torch.device):
+    """``trainer.precision: bf16-mixed``: bfloat16 autocast (matrix products in bfloat16, float32 weights and
+    optimiser); else nothing."""
+    if cfg.trainer.precision == "bf16-mixed":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 def _loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    pred = model(batch["states"], batch["actions"], batch["returns_to_go"], batch["timesteps"], batch["mask"])
+    pred = model(*_inputs(batch))
     m = batch["mask"].bool()
-    mse = ((pred - batch["actions"]) ** 2)[m].mean()
+    mse = ((pred.float() - batch["actions"]) ** 2)[m].mean()
     aux = collect_aux_loss(model)  # None without primal layers
     return (mse if aux is None else mse + aux), mse
 
@@ -295,13 +313,19 @@ def fit_rl(cfg: RunConfig, run_dir: Path, *, fresh: bool = False, verbose: bool 
             f"{total} steps x batch {B}, evaluation every {every} steps: {cfg.rl.eval_episodes} episodes x "
             f"targets {targets}\nrun directory: {run_dir}"
         )
+        if cfg.trainer.compile:  # in place (same parameter names), checked against eager on one batch
+            from ..train.compile import compile_model
+
+            first = {k: v.to(device) for k, v in _batch(ds, step, B, per_epoch).items()}
+            compile_model(model, _inputs(first), note)
         model.train()
         t_run = time.time()
         loss_sum, mse_sum, count = 0.0, 0.0, 0
         while step < total:
             t0 = time.perf_counter()
             batch = {k: v.to(device) for k, v in _batch(ds, step, B, per_epoch).items()}
-            loss, mse = _loss(model, batch)
+            with _autocast(cfg, device):
+                loss, mse = _loss(model, batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.trainer.gradient_clip_val is not None:

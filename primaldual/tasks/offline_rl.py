@@ -23,8 +23,10 @@ class OfflineRLTask(Task):
     model_kinds = ("dt",)
     causal = True
     sections = ("rl",)
-    compiles = False
+    compiles = True
     lightning = False
+    # what the loop implements of trainer.precision (anything else would be silently ignored: refused instead)
+    precisions = ("32-true", "32", 32, "bf16-mixed")
 
     def check(self, cfg: RunConfig) -> None:
         path_part("data.name", cfg.data.name)
@@ -36,6 +38,17 @@ class OfflineRLTask(Task):
         check_int("rl.eval_episodes", r.eval_episodes, low=1)
         check_int("rl.eval_seed", r.eval_seed, low=0)
         check_bool("rl.action_tanh", r.action_tanh)
+        t, d = cfg.trainer, RunConfig().trainer
+        if not any(type(t.precision) is type(p) and t.precision == p for p in self.precisions):
+            raise ConfigError(
+                f"trainer.precision: the offline-RL loop trains in 32-true or bf16-mixed (autocast), got {t.precision!r}"
+            )
+        for key in ("accumulate_grad_batches", "strategy", "devices", "num_nodes"):
+            if getattr(t, key) != getattr(d, key):
+                raise ConfigError(
+                    f"trainer.{key}: the offline-RL loop runs one process on one device without accumulation; it "
+                    f"does not use {key} (leave it at {getattr(d, key)!r})"
+                )
         t_r = r.target_returns
         if t_r is not None and not (
             isinstance(t_r, list | tuple)
