@@ -149,10 +149,13 @@ def behaviour_score(meta: dict[str, Any], kind: str) -> dict[str, Any] | None:
 
 
 def build_dt(cfg: RunConfig, state_dim: int, act_dim: int) -> nn.Module:
-    """The :class:`~primaldual.models.DecisionTransformer` of ``cfg.model`` / ``cfg.rl`` for these sizes."""
+    """The :class:`~primaldual.models.DecisionTransformer` of ``cfg.model`` / ``cfg.rl`` for these sizes, or for
+    ``model.kind: hf_dt`` Hugging Face's (:class:`~primaldual.integrations.hf.peers.HFDecisionTransformer`)."""
     from .decision_transformer import DecisionTransformer
 
     m = cfg.model
+    if m.resolved_kind(cfg.task) == "hf_dt":
+        return _hf_dt(cfg, state_dim, act_dim)
     return DecisionTransformer(
         state_dim,
         act_dim,
@@ -160,6 +163,26 @@ def build_dt(cfg: RunConfig, state_dim: int, act_dim: int) -> nn.Module:
         context=cfg.data.max_len,
         action_tanh=cfg.rl.action_tanh,
         **m.backbone_kwargs(),
+    )
+
+
+def _hf_dt(cfg: RunConfig, state_dim: int, act_dim: int) -> nn.Module:
+    try:
+        from ..integrations.hf.peers import HFDecisionTransformer
+    except ImportError as e:
+        raise ConfigError(f"model.kind: 'hf_dt' needs the hf extra ({e})") from None
+    m = cfg.model
+    return HFDecisionTransformer(
+        state_dim,
+        act_dim,
+        max_ep_len=cfg.rl.max_ep_len,
+        context=cfg.data.max_len,
+        action_tanh=cfg.rl.action_tanh,
+        dim=m.dim,
+        depth=m.depth,
+        num_heads=m.num_heads,
+        ffn_dim=m.ffn_dim,
+        dropout=m.dropout,
     )
 
 

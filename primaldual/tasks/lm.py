@@ -1,7 +1,9 @@
 """Task ``lm``: causal language modelling (step-based; the lowest validation loss selects the checkpoint).
 
-Data, Lightning module, results and generation: :mod:`primaldual.train.lm`. Model:
-:class:`~primaldual.models.CausalLM` (pre-LN, every attention layer causal).
+Data, Lightning module, results and generation: :mod:`primaldual.train.lm`. Models: ``model.kind: lm``,
+:class:`~primaldual.models.CausalLM` (pre-LN, every attention layer causal); ``hf_gpt2``, Hugging Face's
+``GPT2LMHeadModel`` at the same sizes (:class:`~primaldual.integrations.hf.peers.HFGPT2LM`, the ``hf`` extra), a
+peer to compare with.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from torch import nn
 
 from ..train.config import ConfigError, RunConfig
 from ..train.protocols import LM_HELDOUT, Protocol
+from ..train.validate import peer_attention
 from .base import Task, data_info, register_task
 
 __all__ = ["LM_DATASETS", "LanguageModelTask"]
@@ -23,7 +26,7 @@ LM_DATASETS: tuple[str, ...] = ("english", "wikitext-103", "wikitext-2")
 
 @register_task("lm")
 class LanguageModelTask(Task):
-    model_kinds = ("lm",)
+    model_kinds = ("lm", "hf_gpt2")
     causal = True
     metrics = ("loss", "ppl")
 
@@ -37,6 +40,13 @@ class LanguageModelTask(Task):
             raise ConfigError("model.norm_first: the causal LM (model.kind 'lm') is pre-LN; set it to true")
         if m.num_classes is not None:
             raise ConfigError("model.num_classes: a language model has no classes; set it to null")
+        if m.resolved_kind(self.name) == "hf_gpt2":
+            peer_attention(m, "Hugging Face's GPT2LMHeadModel")
+            if m.positions != "learned":
+                raise ConfigError(
+                    f"model.positions: model.kind 'hf_gpt2' is GPT-2, whose positions are a learned table (wpe); "
+                    f"set it to 'learned' (got {m.positions!r})"
+                )
 
     table_title = "Test perplexity"
 

@@ -1,5 +1,9 @@
 """Task ``offline_rl``: a (Primal.+) Decision Transformer on D4RL-layout data, evaluated by MuJoCo rollouts.
 
+Models: ``model.kind: dt``, :class:`~primaldual.models.DecisionTransformer`; ``hf_dt``, Hugging Face's
+``DecisionTransformerModel`` at the same sizes (:class:`~primaldual.integrations.hf.peers.HFDecisionTransformer`,
+the ``hf`` extra), a peer trained and evaluated by the same loop.
+
 Its own loop (:func:`primaldual.rl.train.fit_rl`), not a Lightning ``Trainer``: no ``validate`` / ``test`` (the
 rollouts during fit are the evaluation; the final checkpoint is reported). Everything offline RL lives in
 :mod:`primaldual.rl`.
@@ -12,7 +16,7 @@ from typing import Any
 
 from ..options import check_bool, check_int, check_number
 from ..train.config import ConfigError, RunConfig
-from ..train.validate import path_part
+from ..train.validate import path_part, peer_attention
 from .base import Task, register_task
 
 __all__ = ["OfflineRLTask"]
@@ -20,7 +24,7 @@ __all__ = ["OfflineRLTask"]
 
 @register_task("offline_rl")
 class OfflineRLTask(Task):
-    model_kinds = ("dt",)
+    model_kinds = ("dt", "hf_dt")
     causal = True
     sections = ("rl",)
     compiles = True
@@ -32,6 +36,8 @@ class OfflineRLTask(Task):
         path_part("data.name", cfg.data.name)
         if cfg.data.max_len is None:
             raise ConfigError("data.max_len: task 'offline_rl' needs the context K in timesteps (e.g. 20)")
+        if cfg.model.resolved_kind(self.name) == "hf_dt":
+            peer_attention(cfg.model, "Hugging Face's DecisionTransformerModel")
         r = cfg.rl
         check_int("rl.max_ep_len", r.max_ep_len, low=1)
         check_number("rl.return_scale", r.return_scale, low=0, low_open=True)

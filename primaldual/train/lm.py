@@ -7,7 +7,9 @@
   of ``data.max_len`` tokens (:class:`~primaldual.data.lm.TokenChunkDataset`); training drops the final partial
   chunk, validation and test pad it (targets ``-100``), so every token of an evaluated split but its first is a
   target exactly once. Batches are ``(tokens (B, T), targets (B, T))``.
-* **Model**: :class:`~primaldual.models.CausalLM` (``model.kind: lm``), vocabulary from the data.
+* **Model**: :class:`~primaldual.models.CausalLM` (``model.kind: lm``), or Hugging Face's GPT-2 at the same sizes
+  (``hf_gpt2``, :class:`~primaldual.integrations.hf.peers.HFGPT2LM`, a peer to compare with); vocabulary from the
+  data.
 * **Loss** (:class:`LanguageModelModule`): mean token cross-entropy over the batch's targets (``ignore_index``
   -100) + ``collect_aux_loss(model)`` (the primal layers' KSVD term).
 * **Evaluation**: the summed negative log-likelihood over every target token of the split divided by their count
@@ -142,14 +144,30 @@ class LMDataModule(SplitDataModule):
 
 
 def build_lm(cfg: RunConfig, vocab_size: int) -> nn.Module:
-    """The :class:`~primaldual.models.CausalLM` of ``cfg.model`` with ``data.max_len`` positions; ``vocab_size``
-    from the data (``model.vocab_size``, when set, must be at least that)."""
+    """The language model of ``cfg.model`` with ``data.max_len`` positions: :class:`~primaldual.models.CausalLM`
+    (``model.kind: lm``) or Hugging Face's GPT-2 (``hf_gpt2``, :class:`~primaldual.integrations.hf.peers.HFGPT2LM`);
+    ``vocab_size`` from the data (``model.vocab_size``, when set, must be at least that)."""
     from ..models import CausalLM
 
     m = cfg.model
     vocab = m.vocab_size if m.vocab_size is not None else vocab_size
     if vocab < vocab_size:
         raise ConfigError(f"model.vocab_size: {vocab} is smaller than the data's vocabulary ({vocab_size})")
+    if m.resolved_kind(cfg.task) == "hf_gpt2":
+        try:
+            from ..integrations.hf.peers import HFGPT2LM
+        except ImportError as e:
+            raise ConfigError(f"model.kind: 'hf_gpt2' needs the hf extra ({e})") from None
+        return HFGPT2LM(
+            vocab,
+            cfg.data.max_len,
+            dim=m.dim,
+            depth=m.depth,
+            num_heads=m.num_heads,
+            ffn_dim=m.ffn_dim,
+            dropout=m.dropout,
+            tie_embeddings=m.tie_embeddings,
+        )
     return CausalLM(
         vocab,
         cfg.data.max_len,
@@ -388,7 +406,13 @@ def generate_text(
     check_int("--seed", seed, low=0, high=2**64 - 1, allow_none=True)  # what torch.Generator takes
     run_dir = Path(run_dir)
     cfg = run_config(run_dir)  # FileNotFoundError for a directory that is not a run
-    if cfg.model.resolved_kind(cfg.task) != "lm":
+    kind = cfg.model.resolved_kind(cfg.task)
+    if kind == "hf_gpt2":
+        raise ValueError(
+            f"{run_dir}: a model.kind 'hf_gpt2' run (Hugging Face's GPT-2); primaldual generate decodes primaldual's "
+            "CausalLM (model.kind 'lm') only"
+        )
+    if kind != "lm":
         raise ValueError(f"{run_dir}: a {cfg.task!r} run, not a language model (task 'lm')")
     tok = RunTokenizer(cfg, run_dir)
     ids = tok.encode(prompt)

@@ -26,6 +26,7 @@ __all__ = [
     "lightning_precisions",
     "optional_str",
     "path_part",
+    "peer_attention",
     "validate_config",
 ]
 
@@ -84,6 +85,20 @@ def path_part(key: str, value: Any) -> None:
 def optional_str(key: str, value: Any) -> None:
     if value is not None and (not isinstance(value, str) or not value):
         raise ConfigError(f"{key}: expected a non-empty string or null, got {value!r}")
+
+
+def peer_attention(m: ModelConfig, what: str) -> None:
+    """A model kind that is another library's model (``what``, e.g. ``"Hugging Face's GPT2LMHeadModel"``) has its
+    own softmax attention: ``model.attention`` must be ``softmax`` (or ``softmax`` for every layer) and
+    ``model.attention_options`` null; anything else is a :class:`ConfigError`, never ignored."""
+    names = list(m.attention) if isinstance(m.attention, list | tuple) else [m.attention]
+    options = list(m.attention_options) if isinstance(m.attention_options, list | tuple) else [m.attention_options]
+    if any(n != "softmax" for n in names) or any(o is not None for o in options):
+        raise ConfigError(
+            f"model.attention: model.kind {m.kind!r} is {what}, with its own softmax attention in every layer; "
+            f"set model.attention 'softmax' and model.attention_options null (got {m.attention!r} with "
+            f"options {m.attention_options!r})"
+        )
 
 
 def validate_config(cfg: RunConfig) -> None:

@@ -259,7 +259,8 @@ def test_inverse_sqrt_schedule():
 def test_lm_configs_compose_with_the_reference_and_reduced_settings():
     models = ("primal_plus", "primalformer", "transformer")
     expected = [f"lm/{c}/{b}{m}" for c in ("english", "wikitext103") for b in ("", "reduced/") for m in models]
-    assert list_configs("lm/") == sorted(expected)
+    peers = [f"lm/{c}/{b}hf_gpt2" for c in ("english", "wikitext103") for b in ("", "reduced/")]  # Hugging Face's
+    assert list_configs("lm/") == sorted(expected + peers)
     fingerprints = set()
     for name in expected:
         cfg = load_config(name)

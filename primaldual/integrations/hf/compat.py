@@ -27,6 +27,11 @@ and why it is needed:
 * **Models and configs** (``transformers.PreTrainedModel``, ``AutoConfig``, the private ``_model_mapping`` of
   ``AutoModel*`` classes, ``config.model_type``, extra config attributes, which ``save_pretrained`` writes to
   ``config.json``): what ``convert`` accepts, which layout reader applies, and where the conversion record lives.
+* **Peer models** (``GPT2Config`` / ``GPT2LMHeadModel``, ``DecisionTransformerConfig`` /
+  ``DecisionTransformerModel``; their config fields, the forward keywords ``input_ids`` / ``attention_mask`` /
+  ``position_ids`` / ``use_cache`` and ``states`` / ``actions`` / ``returns_to_go`` / ``timesteps`` /
+  ``attention_mask``, and the outputs ``logits`` / ``action_preds``): the Hugging Face models trained by the
+  harness beside ours (:mod:`primaldual.integrations.hf.peers`).
 * **Trainer** (``transformers.Trainer``; its ``loss_is_scaled_for_ga``, ``model_accepts_loss_kwargs``,
   ``compute_loss_func`` and ``current_gradient_accumulation_steps`` attributes): ``PrimalDualTrainer`` divides the
   auxiliary loss by the accumulation steps exactly when the ``Trainer`` does not divide the task loss.
@@ -64,7 +69,11 @@ __all__ = [
     "TRANSFORMERS_RANGE",
     "Cache",
     "CacheKeywordError",
+    "DecisionTransformerConfig",
+    "DecisionTransformerModel",
     "DynamicLayer",
+    "GPT2Config",
+    "GPT2LMHeadModel",
     "Trainer",
     "UntestedTransformersWarning",
     "active_output_collector",
@@ -141,7 +150,16 @@ def check_transformers_version(version: str | None = None) -> None:
 check_transformers_version()  # before the imports below, which an older release may not have
 
 # the version check comes first, so that an old release fails with its message rather than a missing name
-from transformers import AttentionInterface, AutoConfig, PreTrainedModel, Trainer  # noqa: E402
+from transformers import (  # noqa: E402
+    AttentionInterface,
+    AutoConfig,
+    DecisionTransformerConfig,
+    DecisionTransformerModel,
+    GPT2Config,
+    GPT2LMHeadModel,
+    PreTrainedModel,
+    Trainer,
+)
 from transformers.cache_utils import Cache, DynamicLayer, EncoderDecoderCache  # noqa: E402
 from transformers.masking_utils import (  # noqa: E402
     AttentionMaskInterface,
