@@ -229,3 +229,36 @@ def test_a_width_mismatch_is_caught_before_training(capsys, tmp_path):
     err = capsys.readouterr().err
     assert "observations of width 17" in err and "Hopper-v4 has 11 and 3" in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "trainer",
+    [{"precision": "bf16-mixed"}, {"compile": True}],
+    ids=["bf16-mixed", "compiled"],
+)
+def test_faster_variants_train_primal_plus_and_match_the_plain_loss_at_the_start(tmp_path, hopper_dir, trainer):
+    """trainer.compile / bf16-mixed train the same model: the first logged loss is the float32 one (bf16: within
+    bfloat16's precision); the primal layer's KSVD term is in the loss under autocast too."""
+    opts = [None, {"s": 4, "eta": 0.05, "ksvd_reduction": "sample"}]
+    model = {"attention": ["softmax", "primal"], "attention_options": opts, "dropout": 0.0}
+    one = {"max_steps": 1, "val_check_interval": 1}
+    assert _fit(tmp_path, hopper_dir, tmp_path / "plain", model=model, trainer=one) == 0
+    assert _fit(tmp_path, hopper_dir, tmp_path / "fast", model=model, trainer={**one, **trainer}) == 0
+    rows = [(tmp_path / r / "history.csv").read_text().splitlines() for r in ("plain", "fast")]
+    head = rows[0][0].split(",")
+    first = [float(r[1].split(",")[head.index("train/loss")]) for r in rows]
+    tol = 2e-2 if "precision" in trainer else 1e-4
+    assert first[1] == pytest.approx(first[0], rel=tol)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (["--trainer.precision", "16-mixed"], "trainer.precision: the offline-RL loop trains in 32-true or bf16-mixed"),
+        (["--trainer.accumulate_grad_batches", "2"], "trainer.accumulate_grad_batches: the offline-RL loop"),
+        (["--trainer.devices", "2"], "trainer.devices: the offline-RL loop"),
+    ],
+)
+def test_trainer_options_the_loop_does_not_use_are_refused(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("rl/hopper-medium/dt", override)

@@ -87,8 +87,7 @@ def test_gpu_models_keep_inductors_random_numbers():
 def test_compile_option_is_validated_and_absent_from_uncompiled_configs():
     with pytest.raises(ConfigError, match="trainer.compile"):
         load_config("lra/listops/transformer", ["--trainer.compile", "'true'"])
-    with pytest.raises(ConfigError, match="trainer.compile"):
-        load_config("rl/hopper-medium/dt", ["--trainer.compile", "true"])
+    assert load_config("rl/hopper-medium/dt", ["--trainer.compile", "true"]).trainer.compile  # its own loop compiles
     assert "compile" not in dump_config(RunConfig())
     on = load_config("lra/listops/transformer", ["--trainer.compile", "true"])
     assert "compile: true" in dump_config(on)
