@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         ax[0].plot(ctx, [r[1]["test_ppl"] for r in rows], "o-", label=label)
         ms = [bench.get((model, c), 1e3 * r[1]["train_step_seconds"]) for c, r in zip(ctx, rows)]
         ax[1].plot(ctx, ms, "o-", label=label)
-        for (c, s, hist), m in zip(rows, ms):
+        for (c, _s, hist), m in zip(rows, ms):
             style = {256: ":", 1024: "--", 4096: "-"}.get(c, "-")
             color = ax[0].lines[-1].get_color()
             ax[2].plot([st * m / 1e3 for st, _ in hist], [v for _, v in hist], style, color=color, label=f"{label} {c}")

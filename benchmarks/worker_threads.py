@@ -1,9 +1,10 @@
-"""A reduced LRA ListOps run with data-loader workers: torch's default threads against the cores the workers leave.
+"""Reduced runs with data-loader workers: torch's default threads against the cores the workers leave.
 
 With ``data.num_workers > 0``, torch's default gives every core an intra-op thread and the workers compete with
 them (``primaldual fit`` warns, :class:`~primaldual.train.run.ThreadsOversubscribedWarning`). This script times
-whole ``primaldual fit`` runs of ``lra/listops/reduced/<model>`` (generated ListOps data, a short step budget) in
-fresh processes, the two settings interleaved round by round:
+whole ``primaldual fit`` runs of a config (default ``lra/listops/reduced/<model>`` on generated ListOps data, whose
+worker only tokenises; ``--config vision/fashion_mnist/reduced/<model>``: the worker decodes and augments images)
+with a short step budget, in fresh processes, the two settings interleaved round by round:
 
 * ``default``: no ``--threads``: torch's default, as many intra-op threads as cores;
 * ``fewer``: ``--threads <cores - workers>``: the cores the workers leave.
@@ -12,6 +13,7 @@ It reports the wall time of each run (median per setting) and the ratio. Two run
 by process noise, so compare the ratio over several rounds, and keep the machine otherwise idle::
 
     python benchmarks/worker_threads.py --rounds 3 --steps 60 --workers 1 --out runs/bench/worker_threads.json
+    python benchmarks/worker_threads.py --config vision/fashion_mnist/reduced/transformer --rounds 3 --steps 60
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=60, help="optimiser steps per run")
     p.add_argument("--workers", type=int, default=1, help="data.num_workers")
     p.add_argument("--model", default="primalformer", help="lra/listops/reduced/<model>")
+    p.add_argument(
+        "--config", default=None, help="any training config instead (its data must be installed; --model is ignored)"
+    )
     p.add_argument("--examples", type=int, default=2000, help="generated ListOps training examples")
     p.add_argument("--data", default=None, help="a ListOps folder (default: generated into a temporary folder)")
     p.add_argument("--out", default=None, help="write the records as JSON")
@@ -56,9 +61,14 @@ def generate(folder: Path, examples: int) -> Path:
     return out
 
 
-def command(args: argparse.Namespace, data: Path, run_dir: Path, setting: str) -> list[str]:
-    cmd = [sys.executable, "-m", "primaldual.cli", "fit", "--config", f"lra/listops/reduced/{args.model}"]
-    cmd += ["--data.root", str(data), "--data.num_workers", str(args.workers), "--data.val_size", "64"]
+def config_name(args: argparse.Namespace) -> str:
+    return args.config or f"lra/listops/reduced/{args.model}"
+
+
+def command(args: argparse.Namespace, data: Path | None, run_dir: Path, setting: str) -> list[str]:
+    cmd = [sys.executable, "-m", "primaldual.cli", "fit", "--config", config_name(args)]
+    cmd += [] if data is None else ["--data.root", str(data)]
+    cmd += ["--data.num_workers", str(args.workers), "--data.val_size", "64"]
     cmd += ["--trainer.max_steps", str(args.steps), "--trainer.val_check_interval", str(args.steps)]
     cmd += ["--trainer.enable_progress_bar", "false", "--run-dir", str(run_dir)]
     return cmd + (["--threads", str(max(1, usable_cores() - args.workers))] if setting == "fewer" else [])
@@ -67,7 +77,10 @@ def command(args: argparse.Namespace, data: Path, run_dir: Path, setting: str) -
 def run(args: argparse.Namespace) -> dict[str, Any]:
     records: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="primaldual-worker-threads-") as tmp:
-        data = Path(args.data) if args.data else generate(Path(tmp), args.examples)
+        if args.data:
+            data: Path | None = Path(args.data)
+        else:
+            data = None if args.config else generate(Path(tmp), args.examples)
         for r in range(args.rounds):
             order = SETTINGS if r % 2 == 0 else SETTINGS[::-1]  # alternate which setting goes first
             for setting in order:
@@ -95,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args)
     med = result["median_seconds"]
     print(
-        f"\n{result['cores']} cores, {args.workers} worker(s), {args.steps} steps of lra/listops/reduced/{args.model}: "
+        f"\n{result['cores']} cores, {args.workers} worker(s), {args.steps} steps of {config_name(args)}: "
         f"default threads {med['default']:.1f} s, fewer threads {med['fewer']:.1f} s (median of {args.rounds}); "
         f"default / fewer = {result['default_over_fewer']:.2f}"
     )
