@@ -52,8 +52,8 @@ def filled_state(model: Any, batch: int, context: int) -> Any:
                 keep = min(context, attn.window + attn.num_global)
             shape = (batch, attn.num_heads, keep, attn.head_dim)  # (B, H, T kept, D)
             mask = torch.ones(batch, keep, dtype=torch.bool, device=ref.device)
-            pos = torch.arange(context - keep, context, device=ref.device)
-            layers.append(KVCache.of(torch.randn(shape, **fk), torch.randn(shape, **fk), mask, pos, context))
+            rank = torch.arange(context - keep, context, device=ref.device).repeat(batch, 1)  # (B, T kept)
+            layers.append(KVCache.of(torch.randn(shape, **fk), torch.randn(shape, **fk), mask, rank, context))
         elif isinstance(empty, PrimalState):
             count = torch.full((batch,), float(context), **fk)
             layers.append(PrimalState(torch.randn_like(empty.sum_q), torch.randn_like(empty.sum_k), count))
