@@ -152,8 +152,9 @@ def sparse_attention(
 
 def _gather_tokens(t: Tensor, order: Tensor) -> Tensor:
     """``t`` ``(B, H, N, D)`` with its tokens in the ``(B, N)`` ``order`` of each row."""
-    B, H, N, D = t.shape
-    return t.gather(2, order[:, None, :, None].expand(B, H, N, D))
+    rows = torch.arange(t.shape[0], device=t.device)[:, None]  # (B, 1)
+    # advanced indices around a slice put their dims first: (B, N, H, D); a view back to (B, H, N, D)
+    return t[rows, :, order].transpose(1, 2)
 
 
 def _blocked(
