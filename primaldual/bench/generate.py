@@ -68,10 +68,10 @@ def _generate(model: Any, ids: Any, new: int, hf: bool) -> Any:
 
 
 def _prefill(model: Any, ids: Any, hf: bool) -> None:
-    if hf:
-        model(ids, attention_mask=ids.new_ones(ids.shape), use_cache=True)
+    if hf:  # the next-token logits only, as generate computes them
+        model(ids, attention_mask=ids.new_ones(ids.shape), use_cache=True, logits_to_keep=1)
     else:
-        model.prefill(ids)
+        model.prefill(ids, last_only=True)
 
 
 def _worker(case: dict[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..encoder import Encoder
-from ..options import check_int, check_number
+from ..options import check_bool, check_int, check_number
 
 __all__ = ["CausalLM", "LMState"]
 
@@ -127,24 +127,31 @@ class CausalLM(nn.Module):
         h = self.decoder(self._embed(ids, positions), mask)  # (B, N, dim)
         return self._logits(h)
 
-    def prefill(self, ids: Tensor, mask: Tensor | None = None) -> tuple[Tensor, LMState]:
+    def prefill(self, ids: Tensor, mask: Tensor | None = None, *, last_only: bool = False) -> tuple[Tensor, LMState]:
         """Run the prompts in one forward and return the decoding state after them (every layer causal).
 
         Args:
             ids: ``(B, N)`` int64 prompts; mask: ``(B, N)`` bool (True = real token, None: no padding). Padding may
                 sit anywhere; every prompt needs one real token.
+            last_only: return only the next-token logits ``(B, vocab_size)``, those at each prompt's last real
+                token (what generation needs: the ``(B, N, vocab_size)`` logits of a long prompt are large).
 
         Returns:
-            ``(logits, state)``: logits ``(B, N, vocab_size)`` equal to :meth:`forward`'s, and the state that ``N``
-            calls of :meth:`step` from :meth:`init_state` leave, for :meth:`step` to continue. The next-token
-            logits of a prompt are those at its last real token (``logits[:, -1]`` for left-padded prompts).
+            ``(logits, state)``: logits ``(B, N, vocab_size)`` equal to :meth:`forward`'s (``(B, vocab_size)`` with
+            ``last_only``), and the state that ``N`` calls of :meth:`step` from :meth:`init_state` leave, for
+            :meth:`step` to continue.
         """
+        check_bool("last_only", last_only)
         positions = self._positions(ids, mask)
-        B = ids.shape[0]
+        B, N = ids.shape
         if mask is not None and not bool(mask.any(1).all()):
             raise ValueError("every prompt needs at least one real token (a row of mask is all False)")
         h, layers = self.decoder.prefill(self._embed(ids, positions), mask)  # (B, N, dim)
-        count = ids.new_full((B,), ids.shape[1], dtype=torch.long) if mask is None else mask.sum(1)  # (B,)
+        count = ids.new_full((B,), N, dtype=torch.long) if mask is None else mask.sum(1)  # (B,)
+        if last_only:
+            steps = torch.arange(N, device=ids.device)
+            last = steps[-1:].expand(B) if mask is None else (mask * steps).amax(1)  # (B,) last real position
+            h = h[torch.arange(B, device=ids.device), last]  # (B, dim)
         return self._logits(h), LMState(layers, count)
 
     # ------------------------------------------------------------------------------------------------
@@ -214,8 +221,7 @@ class CausalLM(nn.Module):
         was_training = self.training
         self.eval()
         try:
-            logits, state = self.prefill(ids, mask)  # the prompts in one forward
-            logits = logits[:, -1]  # (B, V): left-aligned, so every prompt ends at the last position
+            logits, state = self.prefill(ids, mask, last_only=True)  # (B, V): the prompts in one forward
             out_ids, out_mask = [ids], [mask]
             alive = torch.ones(B, dtype=torch.bool, device=ids.device)
             for _ in range(max_new_tokens):

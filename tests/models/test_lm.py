@@ -180,6 +180,10 @@ def test_prefill_logits_equal_forward_and_state_continues_like_stepping(name, op
         for t in range(N):
             last, stepped = model.step(ids[:, t], stepped, mask[:, t])
         assert rel_err(logits[:, -1], last) < 1e-10
+        if all(getattr(b.attn, "padding_invariant", True) for b in model.decoder.blocks):
+            right = torch.sort(mask.long(), dim=1, descending=True, stable=True).indices  # (B, N): right-padded
+            last_logits, _ = model.prefill(ids.gather(1, right), mask.gather(1, right), last_only=True)
+            assert rel_err(last_logits, last) < 1e-10  # each prompt's next-token logits, wherever it ends
         assert torch.equal(state.count, stepped.count)
         nxt = logits[:, -1].argmax(-1)
         for t in range(5):  # continue both states with the same tokens
