@@ -122,6 +122,21 @@ class EncoderBlock(nn.Module):
             x = self.norm2(x)
         return (x, w) if need_weights else x
 
+    def prefill(self, x: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Any]:
+        """The block's forward over a prompt ``x`` ``(B, N, dim)`` and its attention's decoding state after it
+        (causal attention; see :meth:`~primaldual.attention.base.AttentionLayer.prefill`). Returns ``(B, N, dim)``
+        equal to :meth:`forward`, and the state that :meth:`step` continues."""
+        h = self.norm1(x) if self.norm_first else x
+        a, state = self.attn.prefill(h, mask)
+        x = x + self.drop_path(self.drop(a))
+        if not self.norm_first:
+            x = self.norm1(x)
+        h = self.norm2(x) if self.norm_first else x
+        x = x + self.drop_path(self.ffn(h))
+        if not self.norm_first:
+            x = self.norm2(x)
+        return x, state
+
     def step(self, x_t: Tensor, state: Any, mask_t: Tensor | None = None) -> tuple[Tensor, Any]:
         """Decode one token through the block (causal attention): ``x_t`` ``(B, dim)`` -> ``(B, dim)``, new state.
 
@@ -214,6 +229,25 @@ class Encoder(nn.Module):
     ) -> list[Any]:
         """Per-layer decoding states for ``batch`` sequences (every layer must be causal)."""
         return [b.attn.init_state(batch, device=device, dtype=dtype) for b in self.blocks]
+
+    def prefill(self, x: Tensor, mask: Tensor | None = None) -> tuple[Tensor, list[Any]]:
+        """The forward over a prompt and every layer's decoding state after it, in one pass (every layer causal).
+
+        Args:
+            x: ``(B, N, dim)``; mask: ``(B, N)`` bool (True = real token, None: no padding).
+
+        Returns:
+            ``(h, states)``: ``h`` ``(B, N, dim)`` equal to :meth:`forward`, and per-layer states that :meth:`step`
+            continues (those ``N`` calls of :meth:`step` from :meth:`init_state` leave).
+        """
+        check_tokens(x, self.dim, "x")
+        check_finite(x, "x")
+        mask = check_mask(mask, x.shape[0], x.shape[1], x.device, "mask")
+        states = []
+        for block in self.blocks:
+            x, state = block.prefill(x, mask)
+            states.append(state)
+        return self.norm(x), states
 
     def step(self, x_t: Tensor, states: list[Any], mask_t: Tensor | None = None) -> tuple[Tensor, list[Any]]:
         """Decode one token through the stack: ``x_t`` ``(B, dim)``; returns ``(B, dim)`` and the new states."""

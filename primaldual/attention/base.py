@@ -49,16 +49,20 @@ class KVCache(NamedTuple):
     Attributes:
         k_buf, v_buf: ``(B, H, capacity, D)`` projected keys / values.
         mask_buf: ``(B, capacity)`` bool, True = real token.
-        pos_buf: ``(capacity,)`` int64 absolute position of each kept token (a window cache drops old ones).
-        length: slots in use. t: number of tokens seen (the absolute position of the next one).
+        rank_buf: ``(B, capacity)`` int64 rank of each kept token among its sequence's real tokens (the number of
+            real tokens before it), which a pattern counted over real tokens (sparse) reads; a window cache drops
+            old slots, so it cannot be recomputed from the kept mask.
+        length: slots in use. t: number of tokens seen, padding included.
+        count: ``(B,)`` int64 real tokens seen per sequence (the rank of the next real token).
     """
 
     k_buf: Tensor
     v_buf: Tensor
     mask_buf: Tensor
-    pos_buf: Tensor
+    rank_buf: Tensor
     length: int
     t: int
+    count: Tensor
 
     @property
     def k(self) -> Tensor:
@@ -76,30 +80,38 @@ class KVCache(NamedTuple):
         return self.mask_buf[:, : self.length]
 
     @property
-    def pos(self) -> Tensor:
-        """``(length,)`` absolute positions of the kept tokens."""
-        return self.pos_buf[: self.length]
+    def rank(self) -> Tensor:
+        """``(B, length)`` ranks of the kept tokens among their sequence's real tokens."""
+        return self.rank_buf[:, : self.length]
 
     @classmethod
-    def of(cls, k: Tensor, v: Tensor, mask: Tensor, pos: Tensor, t: int) -> KVCache:
-        """A full cache from ``(B, H, T, D)`` keys / values, ``(B, T)`` mask and ``(T,)`` positions."""
-        return cls(k, v, mask, pos, k.shape[2], t)
+    def of(cls, k: Tensor, v: Tensor, mask: Tensor, rank: Tensor | None = None, t: int | None = None) -> KVCache:
+        """A full cache from ``(B, H, T, D)`` keys / values and their ``(B, T)`` mask.
+
+        ``rank`` ``(B, T)`` defaults to the real-token ranks of a cache that dropped nothing (``cumsum(mask) - 1``
+        at real tokens); ``t`` (tokens seen) to ``T``. The count of real tokens seen is one past the last real rank.
+        """
+        real = mask.long()  # (B, T)
+        if rank is None:
+            rank = real.cumsum(1) - real  # (B, T): real tokens before each slot
+        count = (rank + real).amax(1) if rank.shape[1] else real.new_zeros(mask.shape[0])  # (B,)
+        return cls(k, v, mask, rank, k.shape[2], k.shape[2] if t is None else t, count)
 
     def append(self, k: Tensor, v: Tensor, mask_t: Tensor) -> KVCache:
-        """The cache with one token's key / value (``(B, H, 1, D)``) added at position ``t`` (in place)."""
+        """The cache with one token's key / value (``(B, H, 1, D)``) added (in place)."""
         n, cap = self.length, self.k_buf.shape[2]
-        k_buf, v_buf, mask_buf, pos_buf = self.k_buf, self.v_buf, self.mask_buf, self.pos_buf
+        k_buf, v_buf, mask_buf, rank_buf = self.k_buf, self.v_buf, self.mask_buf, self.rank_buf
         if n == cap:  # grow by doubling: amortised O(1) per token
             new = max(16, 2 * cap)
             k_buf = torch.cat([k_buf, k_buf.new_empty(*k_buf.shape[:2], new - cap, k_buf.shape[3])], 2)
             v_buf = torch.cat([v_buf, v_buf.new_empty(*v_buf.shape[:2], new - cap, v_buf.shape[3])], 2)
             mask_buf = torch.cat([mask_buf, mask_buf.new_zeros(mask_buf.shape[0], new - cap)], 1)
-            pos_buf = torch.cat([pos_buf, pos_buf.new_zeros(new - cap)])
+            rank_buf = torch.cat([rank_buf, rank_buf.new_zeros(rank_buf.shape[0], new - cap)], 1)
         k_buf[:, :, n] = k[:, :, 0]
         v_buf[:, :, n] = v[:, :, 0]
         mask_buf[:, n] = mask_t
-        pos_buf[n] = self.t
-        return KVCache(k_buf, v_buf, mask_buf, pos_buf, n + 1, self.t + 1)
+        rank_buf[:, n] = self.count
+        return KVCache(k_buf, v_buf, mask_buf, rank_buf, n + 1, self.t + 1, self.count + mask_t.long())
 
     def keep(self, keep: Tensor) -> KVCache:
         """Only the slots where ``keep`` ``(length,)`` is True, moved to the front (in place)."""
@@ -108,7 +120,7 @@ class KVCache(NamedTuple):
         self.k_buf[:, :, :n] = self.k_buf[:, :, idx]
         self.v_buf[:, :, :n] = self.v_buf[:, :, idx]
         self.mask_buf[:, :n] = self.mask_buf[:, idx]
-        self.pos_buf[:n] = self.pos_buf[idx]
+        self.rank_buf[:, :n] = self.rank_buf[:, idx]
         return self._replace(length=n)
 
 
@@ -198,6 +210,33 @@ class AttentionLayer(nn.Module):
             torch.zeros(batch, 0, self.dim, **fk), torch.zeros(batch, 0, dtype=torch.bool, device=fk["device"])
         )
 
+    def prefill(self, x: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Any]:
+        """The causal forward over a prompt and the decoding state it leaves, in one pass (causal layers only).
+
+        Args:
+            x: ``(B, N, C)`` the layer inputs of the prompt.
+            mask: ``(B, N)`` bool, True = real token (None: no padding); padding may sit anywhere.
+
+        Returns:
+            ``(out, state)``: ``out`` ``(B, N, C)`` equal to ``forward(x, mask)`` (zero at padded tokens), and the state
+            that ``N`` calls of :meth:`step` from :meth:`init_state` leave, so that :meth:`step` continues the
+            sequence. The state is detached: it is for decoding, not for training.
+        """
+        self._check_decoding()
+        check_tokens(x, self.dim, "x")
+        mask = check_mask(mask, x.shape[0], x.shape[1], x.device, "mask")
+        out, state = self._prefill(x, mask)
+        if mask is not None:
+            out = out.masked_fill(~mask[..., None], 0.0)
+        return out, state
+
+    def _prefill(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Any]:
+        """``(out (B, N, C), state)``. This default is for layers that decode by recomputation: their state is the
+        input prefix itself, so the forward and the state come from one pass. Incremental mechanisms override it."""
+        out, _ = self._forward(x, mask, False)
+        real = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else mask  # (B, N)
+        return out, PrefixState(x.detach(), real)
+
     def step(self, x_t: Tensor, state: Any, mask_t: Tensor | None = None) -> tuple[Tensor, Any]:
         """Decode one token: ``x_t`` ``(B, C)``, ``mask_t`` ``(B,)`` bool (True = real token; a padded token is
         kept out of the state where the forward keeps it out, and its output is 0). Returns ``(y_t (B, C), state)``,
@@ -262,13 +301,33 @@ class QKVAttention(AttentionLayer):
         fk = {"device": device or ref.device, "dtype": dtype or ref.dtype}
         empty = torch.zeros(batch, self.num_heads, 0, self.head_dim, **fk)  # (B, H, 0, D)
         dev = fk["device"]
-        mask = torch.zeros(batch, 0, dtype=torch.bool, device=dev)
-        return KVCache.of(empty, empty.clone(), mask, torch.zeros(0, dtype=torch.long, device=dev), 0)
+        mask = torch.zeros(batch, 0, dtype=torch.bool, device=dev)  # (B, 0)
+        return KVCache.of(empty, empty.clone(), mask)
 
-    def _forward(self, x: Tensor, mask: Tensor | None, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+    def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Project ``x`` ``(B, N, C)`` -> q, k, v ``(B, H, N, D)`` each."""
         B, N, _ = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, D)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, N, D)
-        out, weights = self.attend(q, k, v, mask, need_weights)
+        return q, k, v
+
+    def _out(self, out: Tensor) -> Tensor:
+        """Merge the heads of ``out`` ``(B, H, N, D)`` and project: the layer output ``(B, N, C)``."""
+        B, _, N, _ = out.shape
         out = out.transpose(1, 2).reshape(B, N, self.inner_dim)  # (B, N, H*D)
-        return self.proj_drop(self.proj(out)), weights
+        return self.proj_drop(self.proj(out))
+
+    def _forward(self, x: Tensor, mask: Tensor | None, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        q, k, v = self._qkv(x)  # (B, H, N, D) each
+        out, weights = self.attend(q, k, v, mask, need_weights)
+        return self._out(out), weights
+
+    def _kv_prefill(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, KVCache]:
+        """The forward over ``x`` ``(B, N, C)`` and the KV cache of its N tokens (softmax family): the keys and
+        values are projected once, for the attention and for the cache."""
+        q, k, v = self._qkv(x)  # (B, H, N, D) each
+        out, _ = self.attend(q, k, v, mask, False)
+        real = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else mask  # (B, N)
+        # the cache owns its buffers (appending and pruning write in place; k and v are views of one projection)
+        k_buf, v_buf = (t.detach().clone(memory_format=torch.contiguous_format) for t in (k, v))
+        return self._out(out), KVCache.of(k_buf, v_buf, real.clone())

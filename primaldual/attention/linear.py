@@ -64,6 +64,17 @@ class LinearAttention(QKVAttention):
         H, D = self.num_heads, self.head_dim
         return LinearState(torch.zeros(batch, H, D, D, **fk), torch.zeros(batch, H, D, **fk))
 
+    def _prefill(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, LinearState]:
+        """The forward and the running sums of the prompt, from one projection (see :meth:`AttentionLayer.prefill`)."""
+        q, k, v = self._qkv(x)  # (B, H, N, D) each
+        out, _ = self.attend(q, k, v, mask, False)
+        with torch.no_grad():
+            fk = elu_feature_map(k)  # (B, H, N, D)
+            if mask is not None:
+                fk = fk * mask[:, None, :, None].to(fk.dtype)  # padded keys add nothing, as in step
+            kv = torch.einsum("bhnd,bhne->bhde", fk, v)  # (B, H, D, Dv)
+        return self._out(out), LinearState(kv, fk.sum(2))
+
     def step(self, x_t: Tensor, state: LinearState, mask_t: Tensor | None = None) -> tuple[Tensor, LinearState]:
         """Decode one token from the running sums (see :meth:`AttentionLayer.step`)."""
         self._check_decoding()

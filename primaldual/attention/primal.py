@@ -495,6 +495,12 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         zeros = torch.zeros(batch, self.num_heads, self.head_dim, **fk)  # (B, H, p)
         return PrimalState(zeros, zeros.clone(), torch.zeros(batch, **fk))
 
+    def _prefill(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, PrimalState]:
+        """The forward and :meth:`prefill_state` (see :meth:`AttentionLayer.prefill`): the state is a sum over the
+        prompt, one more linear pass over it."""
+        out, _ = self._forward(x, mask, False)
+        return out, self.prefill_state(x, mask)
+
     def prefill_state(self, x: Tensor, mask: Tensor | None = None) -> PrimalState:
         """The decoding state after the tokens ``x`` ``(B, N, C)``: what ``N`` calls of :meth:`step` leave, in one pass.
 

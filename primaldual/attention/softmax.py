@@ -47,6 +47,10 @@ class SoftmaxAttention(QKVAttention):
         out, _ = softmax_attention(q, cache.k, cache.v, key_mask=cache.mask, scale=self.scale)  # (B, H, 1, D)
         return self._out_step(out, mask_t), cache
 
+    def _prefill(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, KVCache]:
+        """The forward and the KV cache of the prompt, from one projection (see :meth:`AttentionLayer.prefill`)."""
+        return self._kv_prefill(x, mask)
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, key_mask, need_weights: bool):
         return softmax_attention(
             q,

@@ -30,7 +30,9 @@ class SparseAttention(QKVAttention):
     Args:
         window: local radius, keys with ``|i - j| <= window`` (default 32).
         stride: also attend keys with ``(i - j) % stride == 0``; 0 disables (default).
-        num_global: the first ``num_global`` tokens attend to and are attended by all (default 0).
+        num_global: the first ``num_global`` real tokens of each sequence attend to and are attended by all
+            (default 0). With a mask, the window and the stride count real tokens too, so the output at a real
+            token does not depend on the padding around it.
         scale: logit scale (default ``1 / sqrt(head_dim)``).
     """
 
@@ -55,29 +57,47 @@ class SparseAttention(QKVAttention):
     def init_state(
         self, batch: int, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
     ) -> KVCache:
-        """An empty cache for ``batch`` sequences (causal layers only). Without a stride it keeps only the global
-        tokens and the last ``window`` keys (constant size); with a stride it keeps every key."""
+        """An empty cache for ``batch`` sequences (causal layers only). Without a stride it keeps only what later
+        queries can see, each sequence's global tokens and its last ``window`` real tokens (constant size for
+        sequences decoded side by side); with a stride it keeps every key."""
         return self._empty_cache(batch, device, dtype)
 
+    def _prefill(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, KVCache]:
+        """The forward and the window cache of the prompt (see :meth:`AttentionLayer.prefill`): the KV cache of
+        every token, cut at once to what later queries can see."""
+        out, cache = self._kv_prefill(x, mask)
+        return out, self._prune(cache) if self.stride == 0 else cache
+
+    def _prune(self, cache: KVCache) -> KVCache:
+        """Without a stride, the next query of a sequence (rank ``count``) sees its keys of rank >=
+        ``count - window`` and its global ones: keep the slots some sequence still needs."""
+        rank = cache.rank  # (B, T)
+        need = cache.mask & ((rank >= cache.count[:, None] - self.window) | (rank < self.num_global))  # (B, T)
+        return cache.keep(need.any(0))
+
     def step(self, x_t: Tensor, state: KVCache, mask_t: Tensor | None = None) -> tuple[Tensor, KVCache]:
-        """Decode one token on the sparse pattern (see :meth:`AttentionLayer.step`)."""
+        """Decode one token on the sparse pattern, counted over each sequence's real tokens (see
+        :meth:`AttentionLayer.step`)."""
         self._check_decoding()
         x_t, mask_t = self._check_step(x_t, mask_t)
         q, k, v = self._qkv_step(x_t)  # (B, H, 1, D) each
         cache = state.append(k, v, mask_t)
-        t, pos = cache.t - 1, cache.pos  # this token's position; (T,) positions of the kept keys
-        allowed = (t - pos).abs() <= self.window
+        # this token's rank among its sequence's real tokens; every kept key has a rank <= it (causal by itself)
+        rq = state.count[:, None]  # (B, 1)
+        dist = rq - cache.rank  # (B, T) rank distance to each kept key
+        allowed = dist <= self.window
         if self.stride > 0:
-            allowed |= (t - pos) % self.stride == 0
+            allowed |= dist % self.stride == 0
         if self.num_global > 0:
-            allowed |= (pos < self.num_global) | (t < self.num_global)
+            allowed |= (cache.rank < self.num_global) | (rq < self.num_global)
         out, _ = softmax_attention(
-            q, cache.k, cache.v, key_mask=cache.mask, attn_mask=allowed[None, None, None, :], scale=self.scale
+            q, cache.k, cache.v, key_mask=cache.mask, attn_mask=allowed[:, None, None, :], scale=self.scale
         )  # (B, H, 1, D)
-        # without a stride the next queries see keys >= t + 1 - window and the global ones: drop the rest once
-        # the cache holds twice what it needs (amortised O(1); the pattern mask keeps results exact meanwhile)
+        # without a stride, drop what no later query sees once the cache holds twice what one sequence needs
+        # (amortised O(1); the pattern mask keeps results exact meanwhile). Sequences decoded side by side share
+        # their window slots, so the kept set is about window + B * num_global.
         if self.stride == 0 and cache.length > 2 * (self.window + self.num_global) + 16:
-            cache = cache.keep((pos >= t + 1 - self.window) | (pos < self.num_global))
+            cache = self._prune(cache)
         return self._out_step(out, mask_t), cache
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, key_mask, need_weights: bool):

@@ -1,4 +1,4 @@
-"""``primaldual bench {layers,lra,steps,decode,profile,plot}`` and ``primaldual smoke``: the benchmark subcommands."""
+"""``primaldual bench {layers,lra,steps,decode,generate,profile,plot}`` and ``primaldual smoke``: the benchmark subcommands."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def _profile(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``bench`` (with its sub-subcommands) and ``smoke`` to the ``primaldual`` parser."""
-    from . import decode, layers, lra, steps
+    from . import decode, generate, layers, lra, steps
 
     p = subparsers.add_parser(
         "smoke",
@@ -136,6 +136,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     decode.add_arguments(p)
     p.set_defaults(func=decode.run_from_args)
+    p = sub.add_parser(
+        "generate",
+        help="tokens/s and peak memory of generation (prefill + greedy decoding) against Hugging Face GPT-2",
+        formatter_class=FORMATTER,
+        epilog=examples(
+            "primaldual bench generate --batches 1,8 --prompts 32,512,4096 --out runs/bench/generate.json",
+            "primaldual bench generate --models softmax,hf_gpt2 --prompts 512 --new 64 --threads 2",
+            note="softmax, primal (PrimalFormer) and primal_plus (last layer primal) are CausalLM; hf_gpt2 needs the hf extra.",
+        ),
+    )
+    generate.add_arguments(p)
+    p.set_defaults(func=generate.run_from_args)
     p = sub.add_parser(
         "profile",
         help="torch.profiler tables (time, memory): LRA training steps of one model, or one --layer",

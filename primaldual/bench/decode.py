@@ -27,7 +27,7 @@ from typing import Any
 from ..utils.io import atomic_write_json, atomic_write_text
 from .layers import PeakMemory, machine_info, run_case, run_worker
 
-__all__ = ["decode_table", "filled_state", "run_decode"]
+__all__ = ["decode_table", "filled_state", "parse_ints", "run_decode"]
 
 DEFAULT_CONTEXTS = (1024, 4096, 16384, 65536)
 
@@ -52,8 +52,8 @@ def filled_state(model: Any, batch: int, context: int) -> Any:
                 keep = min(context, attn.window + attn.num_global)
             shape = (batch, attn.num_heads, keep, attn.head_dim)  # (B, H, T kept, D)
             mask = torch.ones(batch, keep, dtype=torch.bool, device=ref.device)
-            pos = torch.arange(context - keep, context, device=ref.device)
-            layers.append(KVCache.of(torch.randn(shape, **fk), torch.randn(shape, **fk), mask, pos, context))
+            rank = torch.arange(context - keep, context, device=ref.device).repeat(batch, 1)  # (B, T kept)
+            layers.append(KVCache.of(torch.randn(shape, **fk), torch.randn(shape, **fk), mask, rank, context))
         elif isinstance(empty, PrimalState):
             count = torch.full((batch,), float(context), **fk)
             layers.append(PrimalState(torch.randn_like(empty.sum_q), torch.randn_like(empty.sum_k), count))
@@ -256,7 +256,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
 
 
-def _ints(text: str, flag: str) -> list[int]:
+def parse_ints(text: str, flag: str) -> list[int]:
+    """A comma list of positive ints from the command line; a ValueError naming ``flag`` otherwise."""
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
@@ -284,8 +285,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     out = Path(args.out)
     records = run_decode(
         attentions,
-        _ints(args.batches, "--batches"),
-        _ints(args.contexts, "--contexts"),
+        parse_ints(args.batches, "--batches"),
+        parse_ints(args.contexts, "--contexts"),
         out,
         dim=args.dim,
         depth=args.depth,

@@ -7,7 +7,14 @@ Query i may attend key j when any of these holds (and j is a real token, and j <
 * global (``num_global > 0``): ``i < num_global`` or ``j < num_global`` (Longformer-style tokens at
   the start of the sequence that see, and are seen by, everyone).
 
-The fast path never builds an N x N matrix: queries are processed in blocks of ``window`` tokens
+With a ``key_mask``, i and j are **ranks among each sequence's real tokens**, not positions: the first
+``num_global`` real tokens are global and windows and strides count real tokens, so the output at a real token
+does not depend on how much padding surrounds it, on either side or inside. Padded queries rank after every real
+token of their sequence (their rows are arbitrary; layers zero them). Without a mask, ranks are positions.
+
+The fast path never builds an N x N matrix. With a ``key_mask`` it moves each sequence's real tokens to the
+front (a stable sort of the mask), runs on that order, where ranks are positions, and moves the outputs back:
+two O(N D) gathers. Then queries are processed in blocks of ``window`` tokens
 against three neighbouring key blocks (local), the global keys, and the keys of the query's residue
 class (strided); the three candidate sets are made disjoint and share one softmax. Time and memory
 are O(N (window + num_global + N / stride)). :func:`sparse_pattern` builds the dense boolean pattern,
@@ -26,7 +33,7 @@ from torch import Tensor
 from ..checks import check_qkv
 from .softmax import softmax_attention
 
-__all__ = ["check_pattern", "sparse_attention", "sparse_pattern"]
+__all__ = ["check_pattern", "real_first_order", "sparse_attention", "sparse_pattern"]
 
 
 def sparse_pattern(
@@ -43,6 +50,16 @@ def sparse_pattern(
     if causal:
         allowed &= j <= i
     return allowed
+
+
+def real_first_order(key_mask: Tensor) -> Tensor:
+    """``(B, N)`` permutation of each row: its real tokens first, in order, then its pads, in order.
+
+    Index ``r`` of the result is the position of the token of rank ``r``; for a real token the rank is the number
+    of real tokens before it.
+    """
+    # a stable sort on "is padding" keeps the order within the real tokens and within the pads
+    return torch.sort((~key_mask).to(torch.uint8), dim=1, stable=True).indices
 
 
 def check_pattern(window: int, stride: int, num_global: int) -> None:
@@ -76,7 +93,8 @@ def sparse_attention(
         window: local radius (keys with ``|i - j| <= window``).
         stride: also attend keys with ``(i - j) % stride == 0`` (0 = off).
         num_global: the first ``num_global`` tokens are global.
-        key_mask: ``(B, N)`` bool, True = real key.
+        key_mask: ``(B, N)`` bool, True = real key. The pattern is then counted over each sequence's real
+            tokens (see the module docstring).
         need_weights: use the dense path and return ``(B, H, N, N)`` weights (zeros off-pattern).
 
     Returns:
@@ -108,19 +126,35 @@ def sparse_attention(
             )
         return out.to(q.dtype), None if weights is None else weights.to(q.dtype)
     if need_weights:
-        pattern = sparse_pattern(N, window, stride, num_global, causal, q.device)
+        pattern = sparse_pattern(N, window, stride, num_global, causal, q.device)[None, None]  # (1, 1, N, N)
+        if key_mask is not None:  # the pattern between ranks: rank[b, i] is where position i sits in real-first order
+            rank = real_first_order(key_mask).argsort(1)  # (B, N)
+            pattern = pattern[0, 0][rank[:, :, None], rank[:, None, :]][:, None]  # (B, 1, N, N)
         return softmax_attention(
             q,
             k,
             v,
             key_mask=key_mask,
-            attn_mask=pattern[None, None],
+            attn_mask=pattern,
             scale=scale,
             dropout_p=dropout_p,
             need_weights=True,
             backend="eager",
         )
-    return _blocked(q, k, v, window, stride, num_global, key_mask, causal, scale, dropout_p), None
+    if key_mask is None:  # ranks are positions
+        return _blocked(q, k, v, window, stride, num_global, None, causal, scale, dropout_p), None
+    # real tokens first: there a token's position is its rank, so the positional kernel counts real tokens
+    order = real_first_order(key_mask)  # (B, N)
+    qo, ko, vo = (_gather_tokens(t, order) for t in (q, k, v))  # (B, H, N, D) each, real-first order
+    out = _blocked(qo, ko, vo, window, stride, num_global, key_mask.gather(1, order), causal, scale, dropout_p)
+    return _gather_tokens(out, order.argsort(1)), None  # (B, H, N, Dv) back in the input order
+
+
+def _gather_tokens(t: Tensor, order: Tensor) -> Tensor:
+    """``t`` ``(B, H, N, D)`` with its tokens in the ``(B, N)`` ``order`` of each row."""
+    rows = torch.arange(t.shape[0], device=t.device)[:, None]  # (B, 1)
+    # advanced indices around a slice put their dims first: (B, N, H, D); a view back to (B, H, N, D)
+    return t[rows, :, order].transpose(1, 2)
 
 
 def _blocked(

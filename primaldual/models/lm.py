@@ -7,8 +7,9 @@
 
 Padding: ``mask`` ``(B, N)`` bool, True = real token. Positions count real tokens only (``cumsum(mask) - 1``), so a
 left-padded prompt gets the positions it would have alone. :meth:`CausalLM.generate` left-aligns prompts of
-different lengths and decodes one token at a time through each layer's decoding state (a KV cache for softmax,
-a constant-size state for primal and linear; see ``Capabilities.decoding``).
+different lengths, runs them in one forward (:meth:`CausalLM.prefill`, which also returns each layer's decoding
+state) and then decodes one token at a time through those states (a KV cache for softmax, a constant-size state
+for primal and linear; see ``Capabilities.decoding``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..encoder import Encoder
-from ..options import check_int, check_number
+from ..options import check_bool, check_int, check_number
 
 __all__ = ["CausalLM", "LMState"]
 
@@ -105,20 +106,53 @@ class CausalLM(nn.Module):
                 f"{name} must hold ids in [0, {self.vocab_size}), got [{int(ids.min())}, {int(ids.max())}]"
             )
 
-    def forward(self, ids: Tensor, mask: Tensor | None = None) -> Tensor:
-        """ids ``(B, N)`` int64; mask ``(B, N)`` bool (True = real token). Returns logits ``(B, N, vocab_size)``."""
+    def _positions(self, ids: Tensor, mask: Tensor | None) -> Tensor:
+        """Checks ``ids`` ``(B, N)`` and ``mask``; the ``(B, N)`` position of each token (its rank among the real ones)."""
         self._check_ids(ids)
         if ids.dim() != 2:
             raise ValueError(f"ids must have shape (B, N), got {tuple(ids.shape)}")
         B, N = ids.shape
         if mask is None:
-            positions = torch.arange(N, device=ids.device).expand(B, N)  # (B, N)
-        else:
-            if mask.dtype != torch.bool or mask.shape != ids.shape:
-                raise ValueError(f"mask must be a torch.bool tensor of shape {tuple(ids.shape)} (True = real token)")
-            positions = (mask.long().cumsum(1) - 1).clamp_min(0)  # (B, N): rank among the real tokens
+            return torch.arange(N, device=ids.device).expand(B, N)  # (B, N)
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != ids.shape:
+            got = f"{mask.dtype}, {tuple(mask.shape)}" if isinstance(mask, Tensor) else type(mask).__name__
+            raise ValueError(
+                f"mask must be a torch.bool tensor of shape {tuple(ids.shape)} (True = real token), got {got}"
+            )
+        return (mask.long().cumsum(1) - 1).clamp_min(0)  # (B, N): rank among the real tokens
+
+    def forward(self, ids: Tensor, mask: Tensor | None = None) -> Tensor:
+        """ids ``(B, N)`` int64; mask ``(B, N)`` bool (True = real token). Returns logits ``(B, N, vocab_size)``."""
+        positions = self._positions(ids, mask)
         h = self.decoder(self._embed(ids, positions), mask)  # (B, N, dim)
         return self._logits(h)
+
+    def prefill(self, ids: Tensor, mask: Tensor | None = None, *, last_only: bool = False) -> tuple[Tensor, LMState]:
+        """Run the prompts in one forward and return the decoding state after them (every layer causal).
+
+        Args:
+            ids: ``(B, N)`` int64 prompts; mask: ``(B, N)`` bool (True = real token, None: no padding). Padding may
+                sit anywhere; every prompt needs one real token.
+            last_only: return only the next-token logits ``(B, vocab_size)``, those at each prompt's last real
+                token (what generation needs: the ``(B, N, vocab_size)`` logits of a long prompt are large).
+
+        Returns:
+            ``(logits, state)``: logits ``(B, N, vocab_size)`` equal to :meth:`forward`'s (``(B, vocab_size)`` with
+            ``last_only``), and the state that ``N`` calls of :meth:`step` from :meth:`init_state` leave, for
+            :meth:`step` to continue.
+        """
+        check_bool("last_only", last_only)
+        positions = self._positions(ids, mask)
+        B, N = ids.shape
+        if mask is not None and not bool(mask.any(1).all()):
+            raise ValueError("every prompt needs at least one real token (a row of mask is all False)")
+        h, layers = self.decoder.prefill(self._embed(ids, positions), mask)  # (B, N, dim)
+        count = ids.new_full((B,), N, dtype=torch.long) if mask is None else mask.sum(1)  # (B,)
+        if last_only:
+            steps = torch.arange(N, device=ids.device)
+            last = steps[-1:].expand(B) if mask is None else (mask * steps).amax(1)  # (B,) last real position
+            h = h[torch.arange(B, device=ids.device), last]  # (B, dim)
+        return self._logits(h), LMState(layers, count)
 
     # ------------------------------------------------------------------------------------------------
     def init_state(self, batch: int) -> LMState:
@@ -187,9 +221,7 @@ class CausalLM(nn.Module):
         was_training = self.training
         self.eval()
         try:
-            state = self.init_state(B)
-            for t in range(N):
-                logits, state = self.step(ids[:, t], state, mask[:, t])
+            logits, state = self.prefill(ids, mask, last_only=True)  # (B, V): the prompts in one forward
             out_ids, out_mask = [ids], [mask]
             alive = torch.ones(B, dtype=torch.bool, device=ids.device)
             for _ in range(max_new_tokens):

@@ -33,8 +33,10 @@ def softmax_attention_ref(
     if causal:
         ok = ok & torch.ones(N, k.shape[2], dtype=torch.bool, device=q.device).tril()
     scores = torch.einsum("bhid,bhjd->bhij", q, k) * scale
-    scores = scores - scores.amax(-1, keepdim=True).detach()
-    e = torch.exp(scores) * ok
+    # inadmissible scores out before the max: a large one (e.g. a padded key's) would underflow the admissible ones
+    scores = scores.masked_fill(~ok, float("-inf"))
+    top = scores.amax(-1, keepdim=True).detach()
+    e = torch.exp(scores - torch.where(torch.isfinite(top), top, torch.zeros_like(top)))  # exp(-inf) = 0
     den = e.sum(-1, keepdim=True)
     w = torch.where(den > 0, e / den.clamp_min(torch.finfo(q.dtype).tiny), torch.zeros_like(e))
     return torch.einsum("bhij,bhje->bhie", w, v)

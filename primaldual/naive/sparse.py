@@ -1,4 +1,8 @@
-"""Reference sparse attention: the dense pattern built by explicit loops, then a masked softmax."""
+"""Reference sparse attention: the dense pattern built by explicit loops, then a masked softmax.
+
+With a key mask the pattern is between ranks among each sequence's real tokens (padded tokens rank after the real
+ones, in order), so that padding never moves the global tokens, windows or strides.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +25,16 @@ def sparse_pattern_ref(n: int, window: int, stride: int, num_global: int, causal
     return allowed
 
 
+def _ranks(row_mask: list[bool]) -> list[int]:
+    """Rank of each position: real tokens counted first, in order, then the pads, in order."""
+    real = [i for i, m in enumerate(row_mask) if m]
+    pads = [i for i, m in enumerate(row_mask) if not m]
+    rank = [0] * len(row_mask)
+    for r, i in enumerate(real + pads):
+        rank[i] = r
+    return rank
+
+
 def sparse_attention_ref(
     q: Tensor,
     k: Tensor,
@@ -31,5 +45,14 @@ def sparse_attention_ref(
     key_mask: Tensor | None = None,
     causal: bool = False,
 ) -> Tensor:
-    pattern = sparse_pattern_ref(q.shape[2], window, stride, num_global, causal).to(q.device)
-    return softmax_attention_ref(q, k, v, key_mask=key_mask, allowed=pattern)
+    B, _, N, _ = q.shape
+    by_rank = sparse_pattern_ref(N, window, stride, num_global, causal)
+    if key_mask is None:
+        return softmax_attention_ref(q, k, v, allowed=by_rank.to(q.device))
+    pattern = torch.zeros(B, 1, N, N, dtype=torch.bool)
+    for b in range(B):
+        rank = _ranks(key_mask[b].tolist())
+        for i in range(N):
+            for j in range(N):
+                pattern[b, 0, i, j] = by_rank[rank[i], rank[j]]
+    return softmax_attention_ref(q, k, v, key_mask=key_mask, allowed=pattern.to(q.device))

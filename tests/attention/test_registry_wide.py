@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import primaldual as pd
+from primaldual.attention.base import KVCache
 from primaldual.aux_loss import collect_aux_loss
 from tests.conftest import rel_err
 
@@ -101,17 +102,11 @@ def test_padding_invariance_and_zero_grad(name, opts, causal):
     assert xp.grad[mp].abs().sum() > 0
 
 
-def _left_padding_cases() -> list:
-    """CASES, with sparse global tokens marked: they are the first ``num_global`` positions, not the first real
-    tokens, so left padding moves them (a known limitation of the sparse layer, outside the SVR family)."""
-    xfail = pytest.mark.xfail(strict=True, reason="sparse global tokens are positions: left pads become the globals")
-    return [pytest.param(*c.values, id=c.id, marks=xfail) if c.values[1].get("num_global") else c for c in CASES]
-
-
-@pytest.mark.parametrize("name,opts,causal", _left_padding_cases())
+@pytest.mark.parametrize("name,opts,causal", CASES)
 def test_left_and_right_padding_do_not_change_real_outputs(name, opts, causal):
     """0 to 7 pads on the left and 0 to 7 on the right (odd and even, so not multiples of any pooling factor),
-    the same for every sample of the batch, with arbitrary pad content: outputs at real tokens are unchanged."""
+    the same for every sample of the batch, with arbitrary pad content: outputs at real tokens are unchanged
+    (sparse global tokens, windows and strides count real tokens, so pads never move them)."""
     layer = _build(name, opts, causal)
     if not getattr(layer, "padding_invariant", True):
         pytest.skip(f"{name} with {opts} reproduces a reference that is not padding invariant by design")
@@ -298,6 +293,71 @@ def test_incremental_decoding_equals_causal_forward(name, opts, causal):
         assert all(s.shape[0] == B and T not in s.shape for s in state if isinstance(s, torch.Tensor))
     if layer.capabilities.decoding == "window_cache" and layer.stride == 0:
         assert state.length <= 2 * (layer.window + layer.num_global) + 17  # the cache does not grow with T
+
+
+def _mixed_left_padding(B: int, T: int) -> torch.Tensor:
+    """``(B, T)`` mask of left-padded prompts with 0 ... 7 pads (row b has ``b % 8`` pads, so that some are not
+    multiples of any pooling factor)."""
+    mask = torch.ones(B, T, dtype=torch.bool)
+    for b in range(B):
+        mask[b, : b % 8] = False
+    return mask
+
+
+def _states_equal(a, b) -> bool:
+    """Equal decoding states (up to rounding in the projections), compared field by field."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, KVCache):  # the slots in use (the buffers' spare capacity differs)
+        a, b = ((c.k, c.v, c.mask, c.rank, c.length, c.t, c.count) for c in (a, b))
+    for x, y in zip(a, b, strict=True):
+        if isinstance(x, torch.Tensor):
+            if x.shape != y.shape or x.dtype != y.dtype:
+                return False
+            if x.is_floating_point() and not rel_err(x, y) < 1e-10:
+                return False
+            if not x.is_floating_point() and not torch.equal(x, y):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("name,opts,causal", [c for c in CASES if c.values[2]])
+def test_prefill_equals_forward_and_continues_like_stepping(name, opts, causal):
+    """prefill() gives the causal forward's output and the state of token-by-token stepping, so step() continues
+    the sequence exactly: left-padded prompts with 0 to 7 pads, then 6 more tokens (some padded)."""
+    layer = _build(name, opts, causal)
+    B, T, extra = 8, N + 7, 6
+    x = torch.randn(B, T + extra, DIM, dtype=torch.float64)
+    mask = torch.cat([_mixed_left_padding(B, T), torch.ones(B, extra, dtype=torch.bool)], 1)
+    mask[3, T + 2] = False  # a padded token while decoding
+    full = layer(x, mask)
+    out, pre = layer.prefill(x[:, :T], mask[:, :T])
+    assert rel_err(out, full[:, :T]) < 1e-10
+    assert (out[~mask[:, :T]] == 0).all()
+    stepped = layer.init_state(B)
+    for t in range(T):
+        _, stepped = layer.step(x[:, t], stepped, mask[:, t])
+    if not (layer.capabilities.decoding == "window_cache" and layer.stride == 0):  # a window cache prunes on its
+        assert _states_equal(pre, stepped)  # own schedule: only what it keeps must agree, which the steps check
+    for t in range(T, T + extra):
+        y_pre, pre = layer.step(x[:, t], pre, mask[:, t])
+        y_step, stepped = layer.step(x[:, t], stepped, mask[:, t])
+        assert rel_err(y_pre, y_step) < 1e-10 and rel_err(y_pre, full[:, t]) < 1e-10, f"position {t}"
+
+
+def test_prefill_refuses_bad_input():
+    layer = _build("softmax", {}, True)
+    x = torch.randn(2, 5, DIM, dtype=torch.float64)
+    with pytest.raises(TypeError, match="mask must have dtype torch.bool"):
+        layer.prefill(x, torch.ones(2, 5))
+    with pytest.raises(ValueError, match=r"mask must have shape \(B, N\) = \(2, 5\)"):
+        layer.prefill(x, torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="x"):
+        layer.prefill(x[..., :-1])
+    with pytest.raises(RuntimeError, match="causal"):
+        _build("softmax", {}, False).prefill(x)
 
 
 @pytest.mark.parametrize("name", [i.name for i in pd.list_attentions() if not i.capabilities.causal])

@@ -131,3 +131,28 @@ def test_functional_bad_inputs():
         softmax_attention(q, q, q, key_mask=torch.ones(2, 5))
     with pytest.raises(ValueError, match="window"):
         sparse_attention(q, q, q, window=-1)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("pattern", [(2, 0, 2), (2, 3, 1), (1, 4, 3)])
+def test_sparse_pattern_counts_real_tokens_whatever_the_padding(causal, pattern):
+    """Global tokens, windows and strides are counted over each sequence's real tokens: pads on the left, on the
+    right or inside never move them, on the fast path, the weights path and the reference alike."""
+    w, s, g = pattern
+    n = 11
+    q, k, v = (torch.randn(1, 2, n, 4, dtype=torch.float64) for _ in range(3))
+    ref = sparse_attention(q, k, v, window=w, stride=s, num_global=g, causal=causal)[0]
+    for layout in ([0, 0, 1, 1, 1, 0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 0], [1] * n + [0] * 3, [0] * 7 + [1] * n):
+        km = torch.tensor(layout, dtype=torch.bool)[None]  # (1, L)
+        L = km.shape[1]
+        qp, kp, vp = (100 * torch.randn(1, 2, L, 4, dtype=torch.float64) for _ in range(3))
+        for full, part in ((qp, q), (kp, k), (vp, v)):
+            full[:, :, km[0]] = part
+        fast = sparse_attention(qp, kp, vp, window=w, stride=s, num_global=g, key_mask=km, causal=causal)[0]
+        dense, weights = sparse_attention(
+            qp, kp, vp, window=w, stride=s, num_global=g, key_mask=km, causal=causal, need_weights=True
+        )
+        naive = sparse_attention_ref(qp, kp, vp, w, s, g, key_mask=km, causal=causal)
+        for out in (fast, dense, naive):
+            assert rel_err(out[:, :, km[0]], ref) < 1e-12, layout
+        assert rel_err(fast, naive) < 1e-12 and (weights[..., ~km[0]] == 0).all()

@@ -135,3 +135,102 @@ def test_docs_snippet_runs():
     scope: dict = {}
     exec(compile(code, "docs/language_modelling.md", "exec"), scope)
     assert scope["out_ids"].shape == (2, 80) and torch.isfinite(scope["ksvd"])
+
+
+# ---- prefill: the prompt in one forward, the state that stepping through it would leave --------------------------
+PREFILL_VARIANTS = {  # option sets beyond OPTIONS, so that every decoding path is covered
+    "sparse": [{"window": 3}, {"window": 2, "num_global": 2}, {"window": 2, "stride": 3, "num_global": 1}],
+    "softmax_sh": [{}, {"factors": [3, 1, 2], "pooling": "stride"}],
+    "primal": [OPTIONS["primal"], {"s": 3, "padding": "reference"}],
+}
+PREFILL_CASES = [
+    pytest.param(name, opts, id=f"{name}-{opts}")
+    for name in CAUSAL
+    for opts in PREFILL_VARIANTS.get(name, [OPTIONS.get(name)])
+]
+
+
+def _mixed_prompts(B: int = 8, N: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompts with 0 ... 7 pads (row b has b % 8), pads not multiples of any pooling factor."""
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, V, (B, N), generator=g)
+    mask = torch.ones(B, N, dtype=torch.bool)
+    for b in range(B):
+        mask[b, : b % 8] = False
+    return ids, mask
+
+
+def _model_with(name: str, opts: dict | None) -> CausalLM:
+    torch.manual_seed(0)
+    model = CausalLM(
+        V, MAXLEN, dim=DIM, depth=DEPTH, num_heads=HEADS, ffn_dim=24, attention=name, attention_options=opts
+    )
+    return model.to(torch.float64).eval()
+
+
+@pytest.mark.parametrize("name,opts", PREFILL_CASES)
+def test_prefill_logits_equal_forward_and_state_continues_like_stepping(name, opts):
+    model = _model_with(name, opts)
+    ids, mask = _mixed_prompts()
+    B, N = ids.shape
+    with torch.no_grad():
+        logits, state = model.prefill(ids, mask)
+        assert logits.shape == (B, N, V) and rel_err(logits, model(ids, mask)) < 1e-10
+        stepped = model.init_state(B)
+        for t in range(N):
+            last, stepped = model.step(ids[:, t], stepped, mask[:, t])
+        assert rel_err(logits[:, -1], last) < 1e-10
+        if all(getattr(b.attn, "padding_invariant", True) for b in model.decoder.blocks):
+            right = torch.sort(mask.long(), dim=1, descending=True, stable=True).indices  # (B, N): right-padded
+            last_logits, _ = model.prefill(ids.gather(1, right), mask.gather(1, right), last_only=True)
+            assert rel_err(last_logits, last) < 1e-10  # each prompt's next-token logits, wherever it ends
+        assert torch.equal(state.count, stepped.count)
+        nxt = logits[:, -1].argmax(-1)
+        for t in range(5):  # continue both states with the same tokens
+            alive = torch.ones(B, dtype=torch.bool)
+            alive[1] = t != 2  # a padded token while decoding
+            a, state = model.step(nxt, state, alive)
+            b, stepped = model.step(nxt, stepped, alive)
+            assert rel_err(a, b) < 1e-10, f"step {t}"
+            nxt = a.argmax(-1)
+
+
+def _generate_by_stepping(model: CausalLM, ids: torch.Tensor, mask: torch.Tensor, new: int) -> torch.Tensor:
+    """The greedy generation loop before prefill existed: the (left-aligned) prompt token by token through step."""
+    order = torch.sort(mask.int(), dim=1, stable=True).indices
+    ids, mask = ids.gather(1, order), mask.gather(1, order)
+    state = model.init_state(ids.shape[0])
+    for t in range(ids.shape[1]):
+        logits, state = model.step(ids[:, t], state, mask[:, t])
+    out = [ids]
+    for _ in range(new):
+        nxt = logits.argmax(-1)
+        out.append(nxt[:, None])
+        logits, state = model.step(nxt, state)
+    return torch.cat(out, 1)
+
+
+@pytest.mark.parametrize("name,opts", PREFILL_CASES)
+def test_greedy_generate_is_unchanged_by_prefill(name, opts):
+    model = _model_with(name, opts)
+    ids, mask = _mixed_prompts()
+    mask[2] = mask[2].flip(0)  # one right-padded prompt: generate left-aligns it
+    with torch.no_grad():
+        expected = _generate_by_stepping(model, ids, mask, 6)
+    out, _ = model.generate(ids, mask, max_new_tokens=6, temperature=0.0)
+    assert torch.equal(out, expected)
+
+
+def test_prefill_refuses_bad_masks():
+    model = _model("softmax")
+    ids, mask = _prompts()
+    with pytest.raises(ValueError, match="mask must be a torch.bool tensor of shape"):
+        model.prefill(ids, mask.long())
+    with pytest.raises(ValueError, match="mask must be a torch.bool tensor of shape"):
+        model.prefill(ids, mask[:, 1:])
+    bad = mask.clone()
+    bad[1] = False
+    with pytest.raises(ValueError, match="at least one real token"):
+        model.prefill(ids, bad)
+    with pytest.raises(TypeError, match="int64"):
+        model.prefill(ids.float(), mask)
