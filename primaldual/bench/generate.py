@@ -9,7 +9,7 @@ and at most ``new``: no early stop), after an untimed short generation that warm
 * ``primal_plus``: Primal.+Trans., the last layer primal and the others softmax
   (:func:`~primaldual.models.plans.primal_plus`);
 * ``hf_gpt2``: ``transformers.GPT2LMHeadModel`` of the same width, depth, heads, vocabulary and positions,
-  ``generate(do_sample=False, use_cache=True)`` (built by :func:`primaldual.integrations.hf.baselines.gpt2_lm`).
+  ``generate(do_sample=False, use_cache=True)`` (built by :func:`primaldual.integrations.hf.peers.gpt2_lm`).
 
 ``tokens_per_s`` is ``batch * new / total`` with ``total`` the wall time of the whole generation, prefill included.
 Then, untimed by the first, the prefill alone is timed once more (``CausalLM.prefill``; GPT-2's forward with
@@ -46,7 +46,7 @@ def _build(case: dict[str, Any]) -> Any:
     sizes = {"dim": case["dim"], "num_heads": case["heads"], "ffn_dim": 4 * case["dim"]}
     torch.manual_seed(0)
     if name == "hf_gpt2":
-        from ..integrations.hf.baselines import gpt2_lm
+        from ..integrations.hf.peers import gpt2_lm
 
         model = gpt2_lm(case["vocab"], max_len, depth=depth, **sizes)
     else:

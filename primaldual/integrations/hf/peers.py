@@ -6,6 +6,8 @@
 * :class:`HFDecisionTransformer` (``model.kind: hf_dt``, task ``offline_rl``): ``transformers.
   DecisionTransformerModel``, randomly initialised, behind :class:`~primaldual.models.DecisionTransformer`'s
   ``forward(states, actions, returns_to_go, timesteps, mask) -> actions (B, K, act_dim)`` and ``get_action``.
+* :func:`gpt2_lm`: the same GPT-2, untrained and set up for ``generate`` (the baseline of ``primaldual bench
+  generate``).
 
 Both take our mask convention: ``mask (B, N)`` bool, True = real token (step); it becomes Hugging Face's
 ``attention_mask`` (1 = keep). The models are Hugging Face's own, with their own defaults where ours differ
@@ -21,7 +23,7 @@ from torch import Tensor, nn
 from ...options import check_bool, check_int, check_number
 from .compat import DecisionTransformerConfig, DecisionTransformerModel, GPT2Config, GPT2LMHeadModel
 
-__all__ = ["HFDecisionTransformer", "HFGPT2LM", "gpt2_parameter_count"]
+__all__ = ["HFDecisionTransformer", "HFGPT2LM", "gpt2_lm", "gpt2_parameter_count"]
 
 # sdpa is transformers' default where torch has it; named, so that a changed default does not change a run
 _ATTN_IMPLEMENTATION = "sdpa"
@@ -35,6 +37,67 @@ def _check_sizes(dim: int, depth: int, num_heads: int, ffn_dim: int | None, drop
     check_number("dropout", dropout, low=0.0, high=1.0, high_open=True)
     if dim % num_heads:
         raise ValueError(f"num_heads: {num_heads} heads do not divide dim {dim}")
+
+
+def _gpt2_config(
+    vocab_size: int,
+    max_len: int,
+    dim: int,
+    depth: int,
+    num_heads: int,
+    ffn_dim: int | None,
+    dropout: float,
+    tie_embeddings: bool = True,
+    **extra,
+):
+    """The ``GPT2Config`` of our sizes (one mapping for the trained peer and the generation baseline)."""
+    return GPT2Config(
+        vocab_size=vocab_size,
+        n_positions=max_len,
+        n_embd=dim,
+        n_layer=depth,
+        n_head=num_heads,
+        n_inner=ffn_dim,
+        resid_pdrop=dropout,
+        embd_pdrop=dropout,
+        attn_pdrop=dropout,
+        tie_word_embeddings=tie_embeddings,
+        attn_implementation=_ATTN_IMPLEMENTATION,
+        **{"bos_token_id": None, "eos_token_id": None, "use_cache": False, **extra},
+    )
+
+
+def gpt2_lm(
+    vocab_size: int,
+    max_len: int,
+    *,
+    dim: int,
+    depth: int,
+    num_heads: int,
+    ffn_dim: int | None = None,
+    seed: int = 0,
+) -> nn.Module:
+    """A random ``transformers.GPT2LMHeadModel`` for generation: eval mode, dropout off, ``use_cache=True``.
+
+    The shape of a :class:`~primaldual.models.CausalLM` of the same sizes (the baseline of ``primaldual bench
+    generate``); the last id is the end-of-sequence and padding id (``generate`` needs one).
+
+    Args:
+        vocab_size: token ids. max_len: positions (``n_positions``). dim, depth, num_heads: ``n_embd``, ``n_layer``,
+            ``n_head``. ffn_dim: feed-forward width (default ``4 * dim``, GPT-2's). seed: the initialisation's seed.
+    """
+    check_int("vocab_size", vocab_size, low=2)
+    check_int("max_len", max_len, low=1)
+    _check_sizes(dim, depth, num_heads, ffn_dim, 0.0)
+    eos = vocab_size - 1
+    config = _gpt2_config(
+        vocab_size, max_len, dim, depth, num_heads, ffn_dim, 0.0, bos_token_id=eos, eos_token_id=eos,
+        pad_token_id=eos, use_cache=True,
+    )  # fmt: skip
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = GPT2LMHeadModel(config)
+    return model.eval()
 
 
 class HFGPT2LM(nn.Module):
@@ -70,22 +133,7 @@ class HFGPT2LM(nn.Module):
         _check_sizes(dim, depth, num_heads, ffn_dim, dropout)
         check_bool("tie_embeddings", tie_embeddings)
         self.vocab_size, self.max_len, self.dim = vocab_size, max_len, dim
-        config = GPT2Config(
-            vocab_size=vocab_size,
-            n_positions=max_len,
-            n_embd=dim,
-            n_layer=depth,
-            n_head=num_heads,
-            n_inner=ffn_dim,
-            resid_pdrop=dropout,
-            embd_pdrop=dropout,
-            attn_pdrop=dropout,
-            tie_word_embeddings=tie_embeddings,
-            bos_token_id=None,
-            eos_token_id=None,
-            use_cache=False,
-            attn_implementation=_ATTN_IMPLEMENTATION,
-        )
+        config = _gpt2_config(vocab_size, max_len, dim, depth, num_heads, ffn_dim, dropout, tie_embeddings)
         self.model = GPT2LMHeadModel(config)
 
     def forward(self, ids: Tensor, mask: Tensor | None = None) -> Tensor:
