@@ -216,7 +216,8 @@ def test_every_family_keeps_every_name():
     trio = ["primal_plus", "primalformer", "transformer"]
     svr = ["linear", "linear_bn", "softmax_bn", "softmax_bn_sh", "softmax_sh"]
     models = {"lra": sorted([*trio, *svr]), "uea": trio, "lm": sorted([*trio, "hf_gpt2"])}
-    for family, tasks, budgets in (("lra", 5, 2), ("uea", 10, 1), ("lm", 2, 2)):
+    # lm: reference, reduced, medium and the three context-study budgets
+    for family, tasks, budgets in (("lra", 5, 2), ("uea", 10, 1), ("lm", 2, 6)):
         composed = [n for n in list_configs(f"{family}/") if n.count("/") >= 2]
         assert sorted({n.rsplit("/", 1)[1] for n in composed}) == models[family]
         assert len(composed) == tasks * budgets * len(models[family])

@@ -258,8 +258,9 @@ def test_inverse_sqrt_schedule():
 
 def test_lm_configs_compose_with_the_reference_and_reduced_settings():
     models = ("primal_plus", "primalformer", "transformer")
-    expected = [f"lm/{c}/{b}{m}" for c in ("english", "wikitext103") for b in ("", "reduced/") for m in models]
-    peers = [f"lm/{c}/{b}hf_gpt2" for c in ("english", "wikitext103") for b in ("", "reduced/")]  # Hugging Face's
+    budgets = ("", "reduced/", "medium/", "ctx256/", "ctx1024/", "ctx4096/")
+    expected = [f"lm/{c}/{b}{m}" for c in ("english", "wikitext103") for b in budgets for m in models]
+    peers = [f"lm/{c}/{b}hf_gpt2" for c in ("english", "wikitext103") for b in budgets]  # Hugging Face's
     assert list_configs("lm/") == sorted(expected + peers)
     fingerprints = set()
     for name in expected:
@@ -279,6 +280,15 @@ def test_lm_configs_compose_with_the_reference_and_reduced_settings():
         if "/reduced/" in name:
             assert (m.dim, depth, m.num_heads, m.ffn_dim, cfg.data.max_len) == (128, 4, 4, 512, 256)
             assert cfg.name.endswith("_reduced") and t.accumulate_grad_batches == 1
+        elif "/medium/" in name:  # 4,096 tokens per update, 3,000 updates at width 256
+            assert (m.dim, depth, m.num_heads, m.ffn_dim, cfg.data.max_len, cfg.data.batch_size) == (
+                256, 4, 4, 1024, 256, 16,
+            )  # fmt: skip
+            assert (o.lr, t.max_steps, t.accumulate_grad_batches) == (1e-3, 3000, 1) and cfg.name.endswith("_medium")
+        elif "/ctx" in name:  # the context study: equal tokens per update (8,192) and equal updates (1,000)
+            assert (m.dim, depth, m.num_heads, m.ffn_dim) == (128, 4, 4, 512)
+            assert cfg.data.batch_size * cfg.data.max_len == 8192 and t.max_steps == 1000
+            assert cfg.name.endswith(f"_ctx{cfg.data.max_len}")
         else:  # benchmarks.md section 6
             assert (m.dim, depth, m.num_heads, m.ffn_dim, m.dropout, cfg.data.max_len) == (512, 6, 8, 2048, 0.1, 512)
             assert (o.lr, cfg.schedule.warmup_steps, t.max_steps) == (1e-3, 6000, 150000)
