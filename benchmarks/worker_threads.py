@@ -13,7 +13,8 @@ It reports the wall time of each run (median per setting) and the ratio. Two run
 by process noise, so compare the ratio over several rounds, and keep the machine otherwise idle::
 
     python benchmarks/worker_threads.py --rounds 3 --steps 60 --workers 1 --out runs/bench/worker_threads.json
-    python benchmarks/worker_threads.py --config vision/fashion_mnist/reduced/transformer --rounds 3 --steps 60
+    python benchmarks/worker_threads.py --config vision/fashion_mnist/reduced/deit --rounds 3 --steps 60 \\
+        --override augment.randaugment_ops 2 --override augment.crop_scale "[0.08, 1.0]"
 """
 
 from __future__ import annotations
@@ -45,6 +46,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--examples", type=int, default=2000, help="generated ListOps training examples")
     p.add_argument("--data", default=None, help="a ListOps folder (default: generated into a temporary folder)")
+    p.add_argument(
+        "--override",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("KEY", "VALUE"),
+        help="a config override for every run, e.g. --override augment.randaugment_ops 2 (repeatable)",
+    )
     p.add_argument("--out", default=None, help="write the records as JSON")
     args = p.parse_args(argv)
     for flag in ("rounds", "steps", "workers", "examples"):
@@ -69,6 +78,7 @@ def command(args: argparse.Namespace, data: Path | None, run_dir: Path, setting:
     cmd = [sys.executable, "-m", "primaldual.cli", "fit", "--config", config_name(args)]
     cmd += [] if data is None else ["--data.root", str(data)]
     cmd += ["--data.num_workers", str(args.workers), "--data.val_size", "64"]
+    cmd += [x for key, value in args.override for x in (f"--{key.lstrip('-')}", value)]
     cmd += ["--trainer.max_steps", str(args.steps), "--trainer.val_check_interval", str(args.steps)]
     cmd += ["--trainer.enable_progress_bar", "false", "--run-dir", str(run_dir)]
     return cmd + (["--threads", str(max(1, usable_cores() - args.workers))] if setting == "fewer" else [])
