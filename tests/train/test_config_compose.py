@@ -29,7 +29,7 @@ FROZEN = json.loads((DATA / "frozen_configs.json").read_text())
 
 def test_list_configs_is_the_frozen_set_without_fragments():
     names = list_configs()
-    assert names == sorted(FROZEN) and len(names) == 192
+    assert names == sorted(FROZEN) and len(names) == 195
     assert not [n for n in names if any(part.startswith("_") for part in n.split("/"))]
     assert list_configs("uea/JapaneseVowels/") == [
         f"uea/JapaneseVowels/{m}" for m in ("primal_plus", "primalformer", "transformer")
@@ -49,7 +49,7 @@ def test_the_shipped_configs_are_found_from_any_directory(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     assert PACKAGE_CONFIGS.parent.name == "primaldual"  # inside the package: shipped in the wheel
     assert load_config("uea/default").trainer.max_epochs == 30
-    assert len(list_configs()) == 192
+    assert len(list_configs()) == 195
 
 
 def test_a_users_folder_overrides_and_extends_the_shipped_configs(tmp_path, monkeypatch):
