@@ -168,10 +168,14 @@ def _model_with(name: str, opts: dict | None) -> CausalLM:
     return model.to(torch.float64).eval()
 
 
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
 @pytest.mark.parametrize("name,opts", PREFILL_CASES)
-def test_prefill_logits_equal_forward_and_state_continues_like_stepping(name, opts):
-    model = _model_with(name, opts)
-    ids, mask = _mixed_prompts()
+def test_prefill_logits_equal_forward_and_state_continues_like_stepping(name, opts, device):
+    model = _model_with(name, opts).to(device)
+    ids, mask = (t.to(device) for t in _mixed_prompts())
     B, N = ids.shape
     with torch.no_grad():
         logits, state = model.prefill(ids, mask)
@@ -187,7 +191,7 @@ def test_prefill_logits_equal_forward_and_state_continues_like_stepping(name, op
         assert torch.equal(state.count, stepped.count)
         nxt = logits[:, -1].argmax(-1)
         for t in range(5):  # continue both states with the same tokens
-            alive = torch.ones(B, dtype=torch.bool)
+            alive = torch.ones(B, dtype=torch.bool, device=device)
             alive[1] = t != 2  # a padded token while decoding
             a, state = model.step(nxt, state, alive)
             b, stepped = model.step(nxt, stepped, alive)
