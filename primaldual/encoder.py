@@ -110,9 +110,16 @@ class EncoderBlock(nn.Module):
         self, x: Tensor, mask: Tensor | None = None, *, need_weights: bool = False
     ) -> Tensor | tuple[Tensor, Tensor | None]:
         """x ``(B, N, dim)``; mask ``(B, N)`` bool (True = real). Returns ``(B, N, dim)`` [and weights]."""
-        h = self.norm1(x) if self.norm_first else x
-        a = self.attn(h, mask, need_weights=need_weights)
+        a = self.attn(self._attention_input(x), mask, need_weights=need_weights)
         a, w = a if need_weights else (a, None)
+        x = self._after_attention(x, a)
+        return (x, w) if need_weights else x
+
+    def _attention_input(self, x: Tensor) -> Tensor:
+        return self.norm1(x) if self.norm_first else x
+
+    def _after_attention(self, x: Tensor, a: Tensor) -> Tensor:
+        """The rest of the block once the attention output ``a`` of input ``x`` is known (forward, prefill, step)."""
         x = x + self.drop_path(self.drop(a))
         if not self.norm_first:
             x = self.norm1(x)
@@ -120,22 +127,14 @@ class EncoderBlock(nn.Module):
         x = x + self.drop_path(self.ffn(h))
         if not self.norm_first:
             x = self.norm2(x)
-        return (x, w) if need_weights else x
+        return x
 
     def prefill(self, x: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Any]:
         """The block's forward over a prompt ``x`` ``(B, N, dim)`` and its attention's decoding state after it
         (causal attention; see :meth:`~primaldual.attention.base.AttentionLayer.prefill`). Returns ``(B, N, dim)``
         equal to :meth:`forward`, and the state that :meth:`step` continues."""
-        h = self.norm1(x) if self.norm_first else x
-        a, state = self.attn.prefill(h, mask)
-        x = x + self.drop_path(self.drop(a))
-        if not self.norm_first:
-            x = self.norm1(x)
-        h = self.norm2(x) if self.norm_first else x
-        x = x + self.drop_path(self.ffn(h))
-        if not self.norm_first:
-            x = self.norm2(x)
-        return x, state
+        a, state = self.attn.prefill(self._attention_input(x), mask)
+        return self._after_attention(x, a), state
 
     def step(self, x_t: Tensor, state: Any, mask_t: Tensor | None = None) -> tuple[Tensor, Any]:
         """Decode one token through the block (causal attention): ``x_t`` ``(B, dim)`` -> ``(B, dim)``, new state.
@@ -143,16 +142,8 @@ class EncoderBlock(nn.Module):
         Equal to :meth:`forward` at that position; dropout and drop-path act as in the current mode (call
         ``eval()`` for deterministic decoding).
         """
-        h = self.norm1(x_t) if self.norm_first else x_t
-        a, state = self.attn.step(h, state, mask_t)
-        x = x_t + self.drop_path(self.drop(a))
-        if not self.norm_first:
-            x = self.norm1(x)
-        h = self.norm2(x) if self.norm_first else x
-        x = x + self.drop_path(self.ffn(h))
-        if not self.norm_first:
-            x = self.norm2(x)
-        return x, state
+        a, state = self.attn.step(self._attention_input(x_t), state, mask_t)
+        return self._after_attention(x_t, a), state
 
 
 def _per_layer(value: Any, depth: int, name: str) -> list[Any]:

@@ -34,10 +34,96 @@ from torch import Tensor, nn
 from ..encoder import Encoder
 from ..options import check_bool, check_int, check_number
 
-__all__ = ["DecisionTransformer"]
+__all__ = ["DecisionTransformer", "ReturnConditionedPolicy"]
 
 
-class DecisionTransformer(nn.Module):
+class ReturnConditionedPolicy(nn.Module):
+    """What every Decision Transformer here shares (ours and the Hugging Face peer): the input checks of
+    ``forward`` and :meth:`get_action` for rollouts. A subclass sets ``state_dim``, ``act_dim``, ``context`` and
+    ``max_ep_len``, implements ``forward(states, actions, returns_to_go, timesteps, mask)`` and names the weight whose
+    device and dtype inputs are moved to (:meth:`_reference_weight`)."""
+
+    state_dim: int
+    act_dim: int
+    context: int
+    max_ep_len: int
+
+    def _reference_weight(self) -> Tensor:
+        raise NotImplementedError
+
+    def _check(self, states: Tensor, actions: Tensor, rtg: Tensor, timesteps: Tensor, mask: Tensor | None) -> Tensor:
+        """Validate the inputs; returns ``returns_to_go`` as ``(B, K, 1)``."""
+        if not isinstance(states, Tensor) or states.dim() != 3 or states.shape[-1] != self.state_dim:
+            raise ValueError(
+                f"states must have shape (B, K, {self.state_dim}), got {tuple(getattr(states, 'shape', ()))}"
+            )
+        nb, nk = states.shape[:2]
+        if nk > self.context:
+            raise ValueError(f"got {nk} timesteps but the model's context is {self.context}")
+        if actions.shape != (nb, nk, self.act_dim):
+            raise ValueError(f"actions must have shape {(nb, nk, self.act_dim)}, got {tuple(actions.shape)}")
+        if rtg.dim() == 2:
+            rtg = rtg[..., None]
+        if rtg.shape != (nb, nk, 1):
+            raise ValueError(f"returns_to_go must have shape {(nb, nk, 1)} or {(nb, nk)}, got {tuple(rtg.shape)}")
+        if timesteps.shape != (nb, nk) or timesteps.dtype not in (torch.int64, torch.int32):
+            raise ValueError(
+                f"timesteps must be an int64 tensor of shape {(nb, nk)}, got {timesteps.dtype} {tuple(timesteps.shape)}"
+            )
+        if timesteps.numel() and (int(timesteps.min()) < 0 or int(timesteps.max()) >= self.max_ep_len):
+            raise ValueError(
+                f"timesteps must be in [0, {self.max_ep_len}) (max_ep_len), got "
+                f"[{int(timesteps.min())}, {int(timesteps.max())}]"
+            )
+        if mask is not None and (mask.dtype != torch.bool or mask.shape != (nb, nk)):
+            raise ValueError(f"mask must be a torch.bool tensor of shape {(nb, nk)} (True = real step)")
+        return rtg
+
+    @torch.no_grad()
+    def get_action(self, states: Tensor, actions: Tensor, returns_to_go: Tensor, timesteps: Tensor) -> Tensor:
+        """The action for the latest step of one or a batch of histories (for rollouts).
+
+        Args:
+            states: ``(T, state_dim)`` or ``(B, T, state_dim)`` normalised states up to the current one.
+            actions: ``(T, act_dim)`` / ``(B, T, act_dim)``; the last entry (the action to choose) is a placeholder.
+            returns_to_go: ``(T,)``, ``(T, 1)``, ``(B, T)`` or ``(B, T, 1)``, scaled.
+            timesteps: ``(T,)`` / ``(B, T)`` int64.
+
+        Returns:
+            ``(act_dim,)`` or ``(B, act_dim)``: the prediction at the last step, from the last ``context`` steps,
+            left-padded to ``context`` (padded steps masked out). Runs in the model's current mode: call
+            ``eval()`` first for deterministic actions (:func:`~primaldual.rl.evaluate_policy` does).
+        """
+        single = states.dim() == 2
+        if single:
+            states, actions, timesteps = states[None], actions[None], timesteps[None]
+            returns_to_go = returns_to_go[None]
+        if returns_to_go.dim() == 2:
+            returns_to_go = returns_to_go[..., None]
+        K = self.context
+        states, actions, returns_to_go, timesteps = (x[:, -K:] for x in (states, actions, returns_to_go, timesteps))
+        B, T = states.shape[:2]
+        pad = K - T
+        ref = self._reference_weight()
+        mask = torch.ones(B, K, dtype=torch.bool, device=ref.device)
+        if pad > 0:
+            mask[:, :pad] = False
+
+            def left(x: Tensor) -> Tensor:
+                return torch.cat([x.new_zeros((B, pad, *x.shape[2:])), x], 1)
+
+            states, actions, returns_to_go, timesteps = (left(x) for x in (states, actions, returns_to_go, timesteps))
+        pred = self(
+            states.to(ref.device, ref.dtype),
+            actions.to(ref.device, ref.dtype),
+            returns_to_go.to(ref.device, ref.dtype),
+            timesteps.to(ref.device).long(),
+            mask,
+        )[:, -1]
+        return pred[0] if single else pred
+
+
+class DecisionTransformer(ReturnConditionedPolicy):
     """Return-conditioned policy over (return-to-go, state, action) token triples.
 
     Args:
@@ -101,34 +187,8 @@ class DecisionTransformer(nn.Module):
     def attention_names(self) -> list[str]:
         return self.encoder.attention_names
 
-    # ------------------------------------------------------------------------------------------------
-    def _check(self, states: Tensor, actions: Tensor, rtg: Tensor, timesteps: Tensor, mask: Tensor | None) -> Tensor:
-        """Validate the inputs; returns ``returns_to_go`` as ``(B, K, 1)``."""
-        if not isinstance(states, Tensor) or states.dim() != 3 or states.shape[-1] != self.state_dim:
-            raise ValueError(
-                f"states must have shape (B, K, {self.state_dim}), got {tuple(getattr(states, 'shape', ()))}"
-            )
-        nb, nk = states.shape[:2]
-        if nk > self.context:
-            raise ValueError(f"got {nk} timesteps but the model's context is {self.context}")
-        if actions.shape != (nb, nk, self.act_dim):
-            raise ValueError(f"actions must have shape {(nb, nk, self.act_dim)}, got {tuple(actions.shape)}")
-        if rtg.dim() == 2:
-            rtg = rtg[..., None]
-        if rtg.shape != (nb, nk, 1):
-            raise ValueError(f"returns_to_go must have shape {(nb, nk, 1)} or {(nb, nk)}, got {tuple(rtg.shape)}")
-        if timesteps.shape != (nb, nk) or timesteps.dtype not in (torch.int64, torch.int32):
-            raise ValueError(
-                f"timesteps must be an int64 tensor of shape {(nb, nk)}, got {timesteps.dtype} {tuple(timesteps.shape)}"
-            )
-        if timesteps.numel() and (int(timesteps.min()) < 0 or int(timesteps.max()) >= self.max_ep_len):
-            raise ValueError(
-                f"timesteps must be in [0, {self.max_ep_len}) (max_ep_len), got "
-                f"[{int(timesteps.min())}, {int(timesteps.max())}]"
-            )
-        if mask is not None and (mask.dtype != torch.bool or mask.shape != (nb, nk)):
-            raise ValueError(f"mask must be a torch.bool tensor of shape {(nb, nk)} (True = real step)")
-        return rtg
+    def _reference_weight(self) -> Tensor:
+        return self.embed_state.weight
 
     def forward(
         self,
@@ -158,47 +218,3 @@ class DecisionTransformer(nn.Module):
         token_mask = None if mask is None else mask.repeat_interleave(3, dim=1)  # (B, 3K)
         h = self.encoder(tokens, token_mask).reshape(B, K, 3, self.dim)
         return self.predict_action(h[:, :, 1])  # from the state tokens
-
-    # ------------------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def get_action(self, states: Tensor, actions: Tensor, returns_to_go: Tensor, timesteps: Tensor) -> Tensor:
-        """The action for the latest step of one or a batch of histories (for rollouts).
-
-        Args:
-            states: ``(T, state_dim)`` or ``(B, T, state_dim)`` normalised states up to the current one.
-            actions: ``(T, act_dim)`` / ``(B, T, act_dim)``; the last entry (the action to choose) is a placeholder.
-            returns_to_go: ``(T,)``, ``(T, 1)``, ``(B, T)`` or ``(B, T, 1)``, scaled.
-            timesteps: ``(T,)`` / ``(B, T)`` int64.
-
-        Returns:
-            ``(act_dim,)`` or ``(B, act_dim)``: the prediction at the last step, from the last ``context`` steps,
-            left-padded to ``context`` (padded steps masked out). Runs in the model's current mode: call
-            ``eval()`` first for deterministic actions (:func:`~primaldual.rl.evaluate_policy` does).
-        """
-        single = states.dim() == 2
-        if single:
-            states, actions, timesteps = states[None], actions[None], timesteps[None]
-            returns_to_go = returns_to_go[None]
-        if returns_to_go.dim() == 2:
-            returns_to_go = returns_to_go[..., None]
-        K = self.context
-        states, actions, returns_to_go, timesteps = (x[:, -K:] for x in (states, actions, returns_to_go, timesteps))
-        B, T = states.shape[:2]
-        pad = K - T
-        ref = self.embed_state.weight
-        mask = torch.ones(B, K, dtype=torch.bool, device=ref.device)
-        if pad > 0:
-            mask[:, :pad] = False
-
-            def left(x: Tensor) -> Tensor:
-                return torch.cat([x.new_zeros((B, pad, *x.shape[2:])), x], 1)
-
-            states, actions, returns_to_go, timesteps = (left(x) for x in (states, actions, returns_to_go, timesteps))
-        pred = self(
-            states.to(ref.device, ref.dtype),
-            actions.to(ref.device, ref.dtype),
-            returns_to_go.to(ref.device, ref.dtype),
-            timesteps.to(ref.device).long(),
-            mask,
-        )[:, -1]
-        return pred[0] if single else pred

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from ...options import check_bool, check_int, check_number
+from ...rl.decision_transformer import ReturnConditionedPolicy
 from .compat import DecisionTransformerConfig, DecisionTransformerModel, GPT2Config, GPT2LMHeadModel
 
 __all__ = ["HFDecisionTransformer", "HFGPT2LM", "gpt2_lm", "gpt2_parameter_count"]
@@ -173,7 +174,7 @@ def gpt2_parameter_count(vocab_size: int, max_len: int, dim: int, depth: int, ff
     return vocab_size * dim + max_len * dim + depth * block + 2 * dim + (0 if tie else vocab_size * dim)
 
 
-class HFDecisionTransformer(nn.Module):
+class HFDecisionTransformer(ReturnConditionedPolicy):
     """``transformers.DecisionTransformerModel`` (random init) as a :class:`~primaldual.models.DecisionTransformer`
     peer.
 
@@ -235,33 +236,8 @@ class HFDecisionTransformer(nn.Module):
         )
         self.model = DecisionTransformerModel(config)
 
-    def _check(self, states: Tensor, actions: Tensor, rtg: Tensor, timesteps: Tensor, mask: Tensor | None) -> Tensor:
-        """Validate the inputs (as our DT does); returns ``returns_to_go`` as ``(B, K, 1)``."""
-        if not isinstance(states, Tensor) or states.dim() != 3 or states.shape[-1] != self.state_dim:
-            raise ValueError(
-                f"states must have shape (B, K, {self.state_dim}), got {tuple(getattr(states, 'shape', ()))}"
-            )
-        nb, nk = states.shape[:2]
-        if nk > self.context:
-            raise ValueError(f"got {nk} timesteps but the model's context is {self.context}")
-        if actions.shape != (nb, nk, self.act_dim):
-            raise ValueError(f"actions must have shape {(nb, nk, self.act_dim)}, got {tuple(actions.shape)}")
-        if rtg.dim() == 2:
-            rtg = rtg[..., None]  # (B, K) -> (B, K, 1)
-        if rtg.shape != (nb, nk, 1):
-            raise ValueError(f"returns_to_go must have shape {(nb, nk, 1)} or {(nb, nk)}, got {tuple(rtg.shape)}")
-        if timesteps.shape != (nb, nk) or timesteps.dtype not in (torch.int64, torch.int32):
-            raise ValueError(
-                f"timesteps must be an int64 tensor of shape {(nb, nk)}, got {timesteps.dtype} {tuple(timesteps.shape)}"
-            )
-        if timesteps.numel() and (int(timesteps.min()) < 0 or int(timesteps.max()) >= self.max_ep_len):
-            raise ValueError(
-                f"timesteps must be in [0, {self.max_ep_len}) (max_ep_len), got "
-                f"[{int(timesteps.min())}, {int(timesteps.max())}]"
-            )
-        if mask is not None and (mask.dtype != torch.bool or mask.shape != (nb, nk)):
-            raise ValueError(f"mask must be a torch.bool tensor of shape {(nb, nk)} (True = real step)")
-        return rtg
+    def _reference_weight(self) -> Tensor:
+        return self.model.embed_state.weight
 
     def forward(
         self,
@@ -287,37 +263,3 @@ class HFDecisionTransformer(nn.Module):
             return_dict=True,
         )
         return out.action_preds  # (B, K, act_dim)
-
-    @torch.no_grad()
-    def get_action(self, states: Tensor, actions: Tensor, returns_to_go: Tensor, timesteps: Tensor) -> Tensor:
-        """The action for the latest step of one or a batch of histories (for rollouts), as
-        :meth:`primaldual.models.DecisionTransformer.get_action`: ``(T, ...)`` or ``(B, T, ...)`` histories (the
-        last action a placeholder), the last ``context`` steps left-padded to ``context`` with the padding masked;
-        returns ``(act_dim,)`` or ``(B, act_dim)``. Runs in the current mode: call ``eval()`` first."""
-        single = states.dim() == 2
-        if single:
-            states, actions, timesteps = states[None], actions[None], timesteps[None]  # (1, T, ...)
-            returns_to_go = returns_to_go[None]
-        if returns_to_go.dim() == 2:
-            returns_to_go = returns_to_go[..., None]  # (B, T) -> (B, T, 1)
-        K = self.context
-        states, actions, returns_to_go, timesteps = (x[:, -K:] for x in (states, actions, returns_to_go, timesteps))
-        B, T = states.shape[:2]
-        pad = K - T
-        ref = self.model.embed_state.weight
-        mask = torch.ones(B, K, dtype=torch.bool, device=ref.device)
-        if pad > 0:
-            mask[:, :pad] = False
-
-            def left(x: Tensor) -> Tensor:
-                return torch.cat([x.new_zeros((B, pad, *x.shape[2:])), x], 1)
-
-            states, actions, returns_to_go, timesteps = (left(x) for x in (states, actions, returns_to_go, timesteps))
-        pred = self(
-            states.to(ref.device, ref.dtype),
-            actions.to(ref.device, ref.dtype),
-            returns_to_go.to(ref.device, ref.dtype),
-            timesteps.to(ref.device).long(),
-            mask,
-        )[:, -1]  # (B, act_dim)
-        return pred[0] if single else pred
