@@ -2,21 +2,18 @@
 
 One update is what :func:`primaldual.rl.train.fit_rl` does per step: draw the batch of that step from the
 :class:`~primaldual.data.d4rl.TrajectoryDataset`, forward and loss, backward, gradient clipping, optimiser and
-schedule steps, and reading the loss back. Four variants of the same config are built in one process, each with its
+schedule steps, and reading the loss back. Five variants of the same config are built in one process, each with its
 own model (same initial weights) and optimiser:
 
-* ``float32``: the plain loop (``trainer.compile: false``, ``trainer.precision: 32-true``; the loop's code for it is
-  unchanged from before the other options existed);
+* ``float32 (before)``: the loop as it was before the speed work, reproduced here: the batch stacked item by item
+  (``ds[i]``), every token through every block (the encoder's full output, then the state tokens picked), and
+  SDPA attention;
+* ``float32``: today's plain loop (``trainer.compile: false``, ``trainer.precision: 32-true``): the batch gathered at
+  once (``TrajectoryDataset.batch``), the last block's FFN on the state tokens only (``Encoder(positions=...)``);
 * ``compiled``: ``trainer.compile: true``;
-* ``bf16-mixed``: bfloat16 autocast;
+* ``bf16-mixed``: bfloat16 autocast (short CPU attention in bfloat16 takes the explicit matrix, see
+  :func:`primaldual.functional.softmax.softmax_attention`);
 * ``compiled + bf16-mixed``.
-
-They are timed in ``--rounds`` interleaved rounds of ``--steps`` updates each (the order rotated every round) after
-``--warmup`` updates (which pay for compilation), so slow drift of a shared machine cancels; a variant's time is the
-median over rounds. Run it with nothing else on the machine, once per thread count:
-
-    python benchmarks/dt_update.py --threads 1
-    python benchmarks/dt_update.py --threads 2
 
 Default config: ``rl/hopper-medium/dt`` at the reduced CPU settings (3 blocks, width 128, 1 head, FFN 512, K = 20,
 batch 64). Data: ``--data`` (a D4RL-layout HDF5 file); by default a hopper ``random`` dataset of 100k transitions is
@@ -38,11 +35,35 @@ import torch
 
 REDUCED = ["--model.dim", "128", "--model.num_heads", "1", "--model.ffn_dim", "512"]
 VARIANTS = {
+    "float32 (before)": [],
     "float32": [],
     "compiled": ["--trainer.compile", "true"],
     "bf16-mixed": ["--trainer.precision", "bf16-mixed"],
     "compiled + bf16-mixed": ["--trainer.compile", "true", "--trainer.precision", "bf16-mixed"],
 }
+
+
+def _batch_before(ds, step: int, batch_size: int, per_epoch: int) -> dict[str, torch.Tensor]:
+    """The loop's batch as it was assembled before ``TrajectoryDataset.batch``: item by item, then stacked."""
+    epoch, b = divmod(step, per_epoch)
+    ds.set_epoch(epoch)
+    items = [ds[i] for i in range(b * batch_size, (b + 1) * batch_size)]
+    return {k: torch.stack([torch.as_tensor(it[k]) for it in items]) for k in items[0]}
+
+
+def _as_before(model: torch.nn.Module) -> None:
+    """Every token through every block, as before ``Encoder(positions=...)``; SDPA for every attention."""
+    enc = model.encoder
+    full = enc.forward
+
+    def forward(x, mask=None, *, need_weights=False, positions=None):
+        out = full(x, mask, need_weights=need_weights)  # (B, 3K, dim)
+        return out if positions is None else out[:, positions]  # (B, K, dim): the state tokens
+
+    enc.forward = forward
+    for block in enc.blocks:
+        if hasattr(block.attn, "backend"):
+            block.attn.backend = "sdpa"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,13 +101,16 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.trainer.compile:
             first = T._batch(ds, 0, cfg.data.batch_size, max(1, len(ds) // cfg.data.batch_size))
             compile_model(model, T._inputs(first), lambda line, n=name: print(f"{n}: {line}"))
+        if name == "float32 (before)":
+            _as_before(model)
         opt, sched = T._optimizer(cfg, model)
         cases[name] = (cfg, ds, model, opt, sched)
 
     def update(name: str, step: int) -> None:
         cfg, ds, model, opt, sched = cases[name]
         B = cfg.data.batch_size
-        batch = T._batch(ds, step, B, max(1, len(ds) // B))
+        get = _batch_before if name == "float32 (before)" else T._batch
+        batch = get(ds, step, B, max(1, len(ds) // B))
         with T._autocast(cfg, torch.device("cpu")):
             loss, _ = T._loss(model, batch)
         opt.zero_grad(set_to_none=True)
@@ -112,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         f"\n{args.config} (reduced: width 128, 1 head, FFN 512, K 20, batch 64), {args.threads} thread(s), "
         f"torch {torch.__version__}; {args.steps} updates x {args.rounds} interleaved rounds"
     )
-    print("| variant | ms / update (median) | min-max | speed-up over float32 |")
+    print(f"| variant | ms / update (median) | min-max | speed-up over {names[0]} |")
     print("|---|---:|---:|---:|")
     for name in names:
         v = times[name]

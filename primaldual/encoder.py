@@ -107,11 +107,23 @@ class EncoderBlock(nn.Module):
         self.norm_first = norm_first
 
     def forward(
-        self, x: Tensor, mask: Tensor | None = None, *, need_weights: bool = False
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        *,
+        need_weights: bool = False,
+        positions: slice | None = None,
     ) -> Tensor | tuple[Tensor, Tensor | None]:
-        """x ``(B, N, dim)``; mask ``(B, N)`` bool (True = real). Returns ``(B, N, dim)`` [and weights]."""
+        """x ``(B, N, dim)``; mask ``(B, N)`` bool (True = real). Returns ``(B, N, dim)`` [and weights].
+
+        ``positions``: only these token positions are returned, ``(B, len(range(N)[positions]), dim)``; the
+        attention still runs over every token (its keys, values and any regulariser are unchanged), the residual and
+        FFN after it only at those positions.
+        """
         a = self.attn(self._attention_input(x), mask, need_weights=need_weights)
         a, w = a if need_weights else (a, None)
+        if positions is not None:
+            x, a = x[:, positions], a[:, positions]  # (B, M, dim): the FFN's work shrinks with M
         x = self._after_attention(x, a)
         return (x, w) if need_weights else x
 
@@ -249,19 +261,33 @@ class Encoder(nn.Module):
         return self.norm(x_t), new
 
     def forward(
-        self, x: Tensor, mask: Tensor | None = None, *, need_weights: bool = False
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        *,
+        need_weights: bool = False,
+        positions: slice | None = None,
     ) -> Tensor | tuple[Tensor, list[Tensor | None]]:
-        """x ``(B, N, dim)``; mask ``(B, N)`` bool (True = real). Returns ``(B, N, dim)`` [and per-layer weights]."""
+        """x ``(B, N, dim)``; mask ``(B, N)`` bool (True = real). Returns ``(B, N, dim)`` [and per-layer weights].
+
+        ``positions`` (a slice of ``range(N)``): return only the outputs at those positions, ``(B, M, dim)``. Equal to
+        ``forward(x, mask)[:, positions]``, cheaper: the last block's FFN and the final norm run on M tokens only
+        (the Decision Transformer reads its actions off one token in three).
+        """
         check_tokens(x, self.dim, "x")
         check_finite(x, "x")  # the one value check of a forward (a host sync; off with set_input_checks(False))
         mask = check_mask(mask, x.shape[0], x.shape[1], x.device, "mask")
+        if positions is not None and not isinstance(positions, slice):
+            raise TypeError(f"positions must be a slice of the token positions or None, got {type(positions).__name__}")
         weights: list[Tensor | None] = []
-        for block in self.blocks:
+        last = len(self.blocks) - 1
+        for i, block in enumerate(self.blocks):
+            at = positions if i == last else None
             if need_weights:
-                x, w = block(x, mask, need_weights=True)
+                x, w = block(x, mask, need_weights=True, positions=at)
                 weights.append(w)
             else:
-                x = block(x, mask)
+                x = block(x, mask, positions=at)
         x = self.norm(x)
         return (x, weights) if need_weights else x
 

@@ -384,6 +384,7 @@ class TrajectoryDataset(Dataset):
         self.num_timesteps = int(self.offsets[-1])
         self.num_samples = num_samples or self.num_timesteps
         self._rtg = [returns_to_go(t.rewards) for t in self.trajectories]
+        self._flat_cache: dict[str, np.ndarray] | None = None  # see _flat
         returns = np.array([t.ret for t in self.trajectories])
         self.info: dict[str, Any] = {
             "path": str(self.data.path) if self.data.path else None,
@@ -455,6 +456,61 @@ class TrajectoryDataset(Dataset):
         return self.window(*self.locate(int(rng.integers(self.num_timesteps))))
 
     def batch(self, indices: list[int] | np.ndarray) -> dict[str, torch.Tensor]:
-        """Items ``indices`` stacked into a batch (``(B, K, ...)`` tensors)."""
-        items = [self[int(i)] for i in indices]
-        return {k: torch.stack([it[k] for it in items]) for k in items[0]}
+        """Items ``indices`` stacked into a batch (``(B, K, ...)`` tensors), equal to stacking ``self[i]``.
+
+        The windows are gathered at once from flat copies of the trajectories (built on first use) instead of item by
+        item: one fancy-indexing pass per field, about a tenth of the time of stacking 64 items.
+        """
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if idx.size == 0:
+            raise ValueError("indices: expected at least one item index")
+        bad = idx[(idx < 0) | (idx >= self.num_samples)]
+        if bad.size:
+            raise IndexError(f"index {int(bad[0])} out of range [0, {self.num_samples})")
+        steps = np.array(
+            [np.random.default_rng([self.seed, self.epoch, int(i)]).integers(self.num_timesteps) for i in idx]
+        )  # (B,) global timesteps, the draws of __getitem__
+        flat = self._flat()
+        traj = np.searchsorted(self.offsets, steps, side="right") - 1  # (B,)
+        start, end = self.offsets[traj], self.offsets[traj + 1]  # (B,) flat rows of each trajectory
+        K = self.context
+        if self.anchor == "start":
+            lo, hi = steps, np.minimum(steps + K, end)
+        else:
+            lo, hi = np.maximum(start, steps - K + 1), steps + 1
+        pad = K - (hi - lo)  # (B,)
+        col = np.arange(K)[None, :]  # (1, K)
+        real = col >= pad[:, None]  # (B, K): left padding
+        rows = np.where(real, lo[:, None] + col - pad[:, None], 0)  # (B, K) flat rows (0 where padded)
+        t = np.where(real, np.minimum(rows - start[:, None], self.max_ep_len - 1), 0)  # (B, K) timesteps
+
+        def take(a: np.ndarray) -> torch.Tensor:
+            out = a[rows]  # (B, K, ...)
+            out[~real] = 0
+            return torch.from_numpy(out)
+
+        return {
+            "states": take(flat["states"]),
+            "actions": take(flat["actions"]),
+            "rewards": take(flat["rewards"]),
+            "returns_to_go": take(flat["returns_to_go"]),
+            "timesteps": torch.from_numpy(t.astype(np.int64)),
+            "mask": torch.from_numpy(real),
+        }
+
+    def _flat(self) -> dict[str, np.ndarray]:
+        """The trajectories concatenated in :attr:`offsets` order: normalised states ``(T, obs_dim)``, actions
+        ``(T, act_dim)``, rewards and scaled returns-to-go ``(T, 1)`` (float32, as :meth:`window` computes them)."""
+        if self._flat_cache is None:
+            tr = self.trajectories
+            self._flat_cache = {
+                "states": np.concatenate([(t.observations - self.state_mean) / self.state_std for t in tr]).astype(
+                    np.float32, copy=False
+                ),
+                "actions": np.concatenate([t.actions for t in tr]).astype(np.float32, copy=False),
+                "rewards": np.concatenate([t.rewards for t in tr]).astype(np.float32, copy=False)[:, None],
+                "returns_to_go": np.concatenate([r / self.return_scale for r in self._rtg]).astype(
+                    np.float32, copy=False
+                )[:, None],
+            }
+        return self._flat_cache

@@ -216,5 +216,6 @@ class DecisionTransformer(ReturnConditionedPolicy):
         ).reshape(B, 3 * K, self.dim)  # (R_1, s_1, a_1, R_2, ...)
         tokens = self.drop(self.embed_ln(tokens))
         token_mask = None if mask is None else mask.repeat_interleave(3, dim=1)  # (B, 3K)
-        h = self.encoder(tokens, token_mask).reshape(B, K, 3, self.dim)
-        return self.predict_action(h[:, :, 1])  # from the state tokens
+        # only the state tokens s_t (positions 1, 4, 7, ...) are read: the last block's FFN skips the other two thirds
+        h = self.encoder(tokens, token_mask, positions=slice(1, None, 3))  # (B, K, dim)
+        return self.predict_action(h)

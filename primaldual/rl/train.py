@@ -200,8 +200,7 @@ def _batch(ds: Any, step: int, batch_size: int, per_epoch: int) -> dict[str, tor
     """The batch of optimiser step ``step``: items ``[b * B, (b + 1) * B)`` of epoch ``step // per_epoch``."""
     epoch, b = divmod(step, per_epoch)
     ds.set_epoch(epoch)
-    items = [ds[i] for i in range(b * batch_size, (b + 1) * batch_size)]
-    return {k: torch.stack([torch.as_tensor(it[k]) for it in items]) for k in items[0]}
+    return ds.batch(np.arange(b * batch_size, (b + 1) * batch_size))
 
 
 def _inputs(batch: dict[str, torch.Tensor]) -> list[torch.Tensor]:

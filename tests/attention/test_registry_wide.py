@@ -379,3 +379,27 @@ def test_sparse_window_cache_stays_bounded_and_exact_over_long_decoding(opts):
         assert rel_err(y_t, full[:, t]) < 1e-10, f"position {t}"
         lengths.append(state.length)
     assert max(lengths) <= 2 * (layer.window + layer.num_global) + 17 and min(lengths[40:]) < max(lengths)
+
+
+@pytest.mark.parametrize("name,opts,causal", CASES)
+def test_encoder_positions_equal_the_full_output_at_those_positions(name, opts, causal):
+    """Encoder(positions=...) returns forward()[:, positions] with the same gradients and regulariser: only the last
+    block's FFN and the final norm skip the other tokens (the Decision Transformer reads one token in three)."""
+    torch.manual_seed(0)
+    enc = pd.Encoder(DIM, 2, HEADS, name, opts, causal=causal, dtype=torch.float64).eval()
+    x = torch.randn(2, N, DIM, dtype=torch.float64, requires_grad=True)
+    mask = _mask(2, N)
+    sel = slice(1, None, 3)
+    full = enc(x, mask)
+    aux_full = collect_aux_loss(enc)
+    (g_full,) = torch.autograd.grad(full[:, sel].pow(2).sum() + (aux_full if aux_full is not None else 0.0), x)
+    part = enc(x, mask, positions=sel)
+    aux_part = collect_aux_loss(enc)
+    (g_part,) = torch.autograd.grad(part.pow(2).sum() + (aux_part if aux_part is not None else 0.0), x)
+    assert part.shape == (2, len(range(N)[sel]), DIM)
+    assert rel_err(part, full[:, sel]) < 1e-12 and rel_err(g_part, g_full) < 1e-10
+    assert (aux_full is None) == (aux_part is None)
+    if aux_full is not None:
+        assert rel_err(aux_part, aux_full) < 1e-12
+    with pytest.raises(TypeError, match="positions must be a slice"):
+        enc(x, mask, positions=[1, 4])

@@ -130,6 +130,25 @@ def test_windows(d4rl_file):
     assert next(iter(loader))["returns_to_go"].shape == (4, K, 1)
 
 
+@pytest.mark.parametrize("anchor", ["start", "end"])
+@pytest.mark.parametrize("K, max_ep_len", [(4, 1000), (3, 2), (9, 1000)])
+def test_batch_equals_stacked_items(d4rl_file, anchor, K, max_ep_len):
+    """batch() gathers all windows at once: exactly the items stacked, padded windows, runs off the end, capped
+    timesteps and any index order included; bad indices are refused by name."""
+    ds = TrajectoryDataset(d4rl_file, K, return_scale=10.0, seed=2, anchor=anchor, max_ep_len=max_ep_len)
+    ds.set_epoch(3)
+    idx = [13, 0, 5, 5, 7, 1, 12, 2, 9, 3]
+    got = ds.batch(idx)
+    items = [ds[i] for i in idx]
+    for key in items[0]:
+        want = torch.stack([it[key] for it in items])
+        assert got[key].dtype == want.dtype and torch.equal(got[key], want), key
+    with pytest.raises(IndexError, match="index 14 out of range"):
+        ds.batch([0, 14])
+    with pytest.raises(ValueError, match="at least one"):
+        ds.batch([])
+
+
 def test_sampling_proportional_to_length(d4rl_file):
     ds = TrajectoryDataset(d4rl_file, 4, num_samples=6000, seed=0)
     counts = np.zeros(3)

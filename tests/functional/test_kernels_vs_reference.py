@@ -156,3 +156,28 @@ def test_sparse_pattern_counts_real_tokens_whatever_the_padding(causal, pattern)
         for out in (fast, dense, naive):
             assert rel_err(out[:, :, km[0]], ref) < 1e-12, layout
         assert rel_err(fast, naive) < 1e-12 and (weights[..., ~km[0]] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_auto_backend_takes_the_explicit_matrix_for_short_low_precision_cpu_attention(monkeypatch, dtype):
+    """backend "auto" on the CPU: bfloat16 / float16 with at most CPU_EAGER_MAX_KEYS keys skips SDPA (slower there),
+    with outputs equal to SDPA's to the precision; float32 and longer sequences keep SDPA."""
+    from primaldual.functional import softmax as S
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 9, 8) for _ in range(3))
+    km = torch.ones(2, 9, dtype=torch.bool)
+    km[1, :3] = False
+    want = S.softmax_attention(q, k, v, key_mask=km, causal=True, backend="sdpa")[0]
+    calls = []
+    real = S.F.scaled_dot_product_attention
+    monkeypatch.setattr(S.F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    low = [t.to(dtype) for t in (q, k, v)]
+    got = S.softmax_attention(*low, key_mask=km, causal=True)[0]
+    assert not calls and (got.float() - want).abs().max() < 2e-2
+    S.softmax_attention(q, k, v, key_mask=km, causal=True)
+    assert len(calls) == 1  # float32: SDPA
+    n = S.CPU_EAGER_MAX_KEYS + 1
+    long = [torch.randn(1, 1, n, 8, dtype=dtype) for _ in range(3)]
+    S.softmax_attention(*long, causal=True)
+    assert len(calls) == 2  # past the threshold: SDPA

@@ -50,6 +50,27 @@ def test_shapes_and_range(plan):
 
 
 @pytest.mark.parametrize("plan", PLANS)
+def test_state_token_outputs_equal_the_full_encoder(plan):
+    """The forward runs the last block's FFN on the state tokens only: the same actions, gradients and KSVD term as
+    the full encoder output read at the state tokens (1, 4, 7, ...)."""
+    model = _model(plan)
+    s, a, r, ts = _inputs()
+    mask = torch.ones(2, K, dtype=torch.bool)
+    mask[1, :2] = False
+    out = model(s, a, r, ts, mask)
+    aux = pd.collect_aux_loss(model)
+    grads = torch.autograd.grad(out.pow(2).sum() + (aux if aux is not None else 0.0), list(model.parameters()))
+    full = model.encoder.forward
+    model.encoder.forward = lambda x, m=None, positions=None: full(x, m)[:, positions]
+    ref = model(s, a, r, ts, mask)
+    aux_ref = pd.collect_aux_loss(model)
+    loss = ref.pow(2).sum() + (aux_ref if aux_ref is not None else 0.0)
+    ref_grads = torch.autograd.grad(loss, list(model.parameters()))
+    assert torch.allclose(out, ref, atol=1e-6)
+    assert all(torch.allclose(g, h, atol=1e-6) for g, h in zip(grads, ref_grads, strict=True))
+
+
+@pytest.mark.parametrize("plan", PLANS)
 def test_causal_over_tokens(plan):
     """Prediction t sees R_<=t, s_<=t, a_<t: changing a_t or anything later leaves predictions <= t unchanged."""
     model = _model(plan)
