@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         for role, marker in (("medium", "v"), ("expert", "^")):
             e = chosen[role]
             ax.plot(e["step"] / 1000, e["sampled_return_mean"], marker, ms=10, color="k", mfc="none",
-                    label=f"{role} so far: {e['step'] // 1000}k")  # fmt: skip
+                    label=f"{role}{'' if state.get('finished') else ' so far'}: {e['step'] // 1000}k")  # fmt: skip
         last = hist[-1]
         rate = last["step"] / max(last.get("train_seconds") or 1e-9, 1e-9)
         ax.set_title(

@@ -150,3 +150,33 @@ def test_hf_dt_resume_equals_an_uninterrupted_run(tmp_path, hopper_dir):  # noqa
     assert resumed["step"] == 2 and len(resumed["history"]) == 2
     for k, v in straight["model"].items():
         torch.testing.assert_close(resumed["model"][k], v)
+
+
+def test_hf_dt_falls_back_to_eager_attention_where_sdpa_is_refused(monkeypatch):
+    """Releases of transformers that refuse SDPA for DecisionTransformerModel (5.17) get its eager attention: the
+    same predictions from the same weights, and the model says which one it runs."""
+    torch.manual_seed(0)
+    sdpa = peers.HFDecisionTransformer(11, 3, context=4, dim=16, depth=2, num_heads=2, dropout=0.0).eval()
+    real = peers.DecisionTransformerModel
+
+    def refusing(config):
+        if config._attn_implementation == "sdpa":
+            raise ValueError(
+                "DecisionTransformerModel does not support an attention implementation through "
+                "torch.nn.functional.scaled_dot_product_attention yet."
+            )
+        return real(config)
+
+    monkeypatch.setattr(peers, "DecisionTransformerModel", refusing)
+    eager = peers.HFDecisionTransformer(11, 3, context=4, dim=16, depth=2, num_heads=2, dropout=0.0).eval()
+    assert (sdpa.attn_implementation, eager.attn_implementation) == ("sdpa", "eager")
+    eager.load_state_dict(sdpa.state_dict())
+    x = _inputs(2, 4)
+    assert torch.allclose(sdpa(*x), eager(*x), atol=1e-5)
+
+    def other(config):
+        raise ValueError("something else")
+
+    monkeypatch.setattr(peers, "DecisionTransformerModel", other)
+    with pytest.raises(ValueError, match="something else"):
+        peers.HFDecisionTransformer(11, 3, context=4, dim=16, depth=2, num_heads=2)

@@ -183,7 +183,8 @@ class HFDecisionTransformer(ReturnConditionedPolicy):
     its activation is the DT's ReLU (ours is GELU). Its GPT-2 gets position id 0 for every token (the timestep
     embedding is the only position signal, as in ours), so a left-padded window predicts at its real steps what
     the unpadded one does. Its state and return heads are built (and counted) but not trained: the loss is on
-    actions only.
+    actions only. Attention is SDPA, or the model's eager attention where the installed transformers refuses SDPA
+    for it (``attn_implementation`` records which).
 
     Args:
         state_dim, act_dim: observation and action sizes.
@@ -216,7 +217,7 @@ class HFDecisionTransformer(ReturnConditionedPolicy):
         check_bool("action_tanh", action_tanh)
         self.state_dim, self.act_dim, self.dim = state_dim, act_dim, dim
         self.max_ep_len, self.context = max_ep_len, context
-        config = DecisionTransformerConfig(
+        kwargs = dict(
             state_dim=state_dim,
             act_dim=act_dim,
             hidden_size=dim,
@@ -232,9 +233,19 @@ class HFDecisionTransformer(ReturnConditionedPolicy):
             bos_token_id=None,
             eos_token_id=None,
             use_cache=False,
-            attn_implementation=_ATTN_IMPLEMENTATION,
         )
-        self.model = DecisionTransformerModel(config)
+        try:
+            self.model = DecisionTransformerModel(
+                DecisionTransformerConfig(**kwargs, attn_implementation=_ATTN_IMPLEMENTATION)
+            )
+            self.attn_implementation = _ATTN_IMPLEMENTATION
+        except ValueError as e:
+            # transformers releases before about 5.20 refuse SDPA for this model: their explicit matrix computes
+            # the same attention (the name is kept, so a run records which one it used)
+            if "scaled_dot_product_attention" not in str(e):
+                raise
+            self.model = DecisionTransformerModel(DecisionTransformerConfig(**kwargs, attn_implementation="eager"))
+            self.attn_implementation = "eager"
 
     def _reference_weight(self) -> Tensor:
         return self.model.embed_state.weight
