@@ -47,3 +47,25 @@ def test_lm_context_plot_reads_runs_and_bench_steps(tmp_path):
     out = tmp_path / "ctx.png"
     assert load_script("lm_context_plot").main([*runs, "--steps", str(steps), "--out", str(out)]) == 0
     assert out.stat().st_size > 10_000
+
+
+def test_rl_curves_plot_seeds_of_runs(tmp_path):
+    """Seeds of one config make one curve (a seed that stopped early adds what it reached); the behaviour score
+    comes from a finished run's summary.json."""
+    runs = []
+    for name in ("dt", "primal_plus"):
+        for seed, steps in ((0, (2500, 5000)), (1, (2500,))):
+            d = tmp_path / f"{name}-s{seed}"
+            d.mkdir()
+            (d / "config.yaml").write_text(f"name: {name}\nseed: {seed}\ndata: {{name: hopper-medium}}\n")
+            rows = "".join(f"{s},0.1,{40 + s / 1000},{30 + s / 1000}\n" for s in steps)
+            head = "step,train/loss,target3600/normalized_score_mean,target1800/normalized_score_mean\n"
+            (d / "history.csv").write_text(head + rows)
+            if len(steps) == 2:
+                (d / "summary.json").write_text(json.dumps({"behaviour_policy": {"normalized_score_mean": 42.8}}))
+            runs.append(str(d))
+    out = tmp_path / "rl.png"
+    assert load_script("rl_curves").main([*runs, "--out", str(out)]) == 0
+    assert out.stat().st_size > 10_000
+    with pytest.raises(SystemExit, match="no history.csv"):
+        load_script("rl_curves").main([str(tmp_path), "--out", str(out)])
