@@ -2,7 +2,7 @@
 
 ``Encoder(dim=64, depth=2, num_heads=2, attention=["softmax", "primal"])`` is a Primal.+ stack;
 ``attention="primal"`` makes every layer primal (PrimalFormer). Pre-LN (``norm_first=True``, LRA and
-ViT style) and post-LN (the UEA reference protocol) blocks, GELU feed-forward, dropout and drop-path.
+ViT style) and post-LN (the UEA reference protocol) blocks, GELU (or ReLU) feed-forward, dropout and drop-path.
 All tensors are ``(B, N, dim)``; the mask is ``(B, N)`` bool with True = real token.
 """
 
@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from .attention.registry import build_attention
 from .checks import check_finite, check_mask, check_tokens
+from .options import check_choice, check_number
 
 __all__ = [
     "DropPath",
@@ -44,16 +45,36 @@ class DropPath(nn.Module):
         return x * keep / (1.0 - self.p)
 
 
-class FeedForward(nn.Module):
-    """Linear(dim -> hidden) -> GELU -> dropout -> Linear(hidden -> dim) -> dropout."""
+ACTIVATIONS: dict[str, type[nn.Module]] = {"gelu": nn.GELU, "relu": nn.ReLU}
 
-    def __init__(self, dim: int, hidden: int, dropout: float = 0.0, *, device=None, dtype=None) -> None:
+
+class FeedForward(nn.Module):
+    """Linear(dim -> hidden) -> activation -> dropout(ffn_drop) -> Linear(hidden -> dim) -> dropout.
+
+    ``activation``: ``"gelu"`` (the default, ViT / BERT) or ``"relu"`` (the Decision Transformer's GPT-2 setting).
+    ``ffn_drop``: dropout on the hidden units; None takes ``dropout`` (timm's ``Mlp``), 0 drops only the output
+    (GPT-2's MLP).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        hidden: int,
+        dropout: float = 0.0,
+        *,
+        activation: str = "gelu",
+        ffn_drop: float | None = None,
+        device=None,
+        dtype=None,
+    ) -> None:
         super().__init__()
+        check_choice("activation", activation, tuple(ACTIVATIONS))
+        check_number("ffn_drop", ffn_drop, low=0.0, high=1.0, high_open=True, allow_none=True)
         fk = {"device": device, "dtype": dtype}
         self.net = nn.Sequential(
             nn.Linear(dim, hidden, **fk),
-            nn.GELU(),
-            nn.Dropout(dropout),
+            ACTIVATIONS[activation](),
+            nn.Dropout(dropout if ffn_drop is None else ffn_drop),
             nn.Linear(hidden, dim, **fk),
             nn.Dropout(dropout),
         )
@@ -72,7 +93,8 @@ class EncoderBlock(nn.Module):
         ffn_dim: feed-forward hidden width (default ``4 * dim``).
         dropout: dropout after attention and in the FFN. attn_drop: attention-weight dropout.
         drop_path: stochastic-depth probability. norm_first: pre-LN if True, post-LN if False.
-        causal: causal attention.
+        causal: causal attention. activation: the FFN's, ``"gelu"`` or ``"relu"``. ffn_drop: dropout on the FFN's
+            hidden units (None: ``dropout``).
     """
 
     def __init__(
@@ -88,6 +110,8 @@ class EncoderBlock(nn.Module):
         drop_path: float = 0.0,
         norm_first: bool = True,
         causal: bool = False,
+        activation: str = "gelu",
+        ffn_drop: float | None = None,
         device=None,
         dtype=None,
     ) -> None:
@@ -101,7 +125,7 @@ class EncoderBlock(nn.Module):
         self.attention_name = attention
         self.norm1 = nn.LayerNorm(dim, **fk)
         self.norm2 = nn.LayerNorm(dim, **fk)
-        self.ffn = FeedForward(dim, ffn_dim or 4 * dim, dropout, **fk)
+        self.ffn = FeedForward(dim, ffn_dim or 4 * dim, dropout, activation=activation, ffn_drop=ffn_drop, **fk)
         self.drop = nn.Dropout(dropout)
         self.drop_path = DropPath(drop_path)
         self.norm_first = norm_first
@@ -193,6 +217,8 @@ class Encoder(nn.Module):
         norm_first: bool = True,
         final_norm: bool | None = None,
         causal: bool = False,
+        activation: str = "gelu",
+        ffn_drop: float | None = None,
         device=None,
         dtype=None,
     ) -> None:
@@ -215,6 +241,8 @@ class Encoder(nn.Module):
                 drop_path=dpr[i],
                 norm_first=norm_first,
                 causal=causal,
+                activation=activation,
+                ffn_drop=ffn_drop,
                 device=device,
                 dtype=dtype,
             )

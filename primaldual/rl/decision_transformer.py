@@ -9,6 +9,15 @@ the state token ``s_t`` through ``Linear -> tanh``. The state token sees ``R_1..
 embedding (as in the DT code, whose GPT-2 position table is unused), so a left-padded window gives at its real
 steps exactly the predictions of the unpadded one.
 
+Two choices follow the peers rather than one fixed recipe. ``init="pytorch"`` keeps PyTorch's default
+initialisation of every module (the DT code's embeddings and heads); ``init="gpt2"`` draws every linear and
+embedding weight from N(0, 0.02) with zero biases, and the two residual output projections of each block (the
+attention's ``proj`` and the FFN's second linear) from N(0, 0.02 / sqrt(2 depth)), as Hugging Face's
+``DecisionTransformerModel`` does. ``activation`` is the FFN's (``"gelu"``; the DT's GPT-2 uses ``"relu"``) and
+``attn_drop`` the dropout on attention weights (GPT-2's ``attn_pdrop``); ``ffn_drop`` the dropout on the FFN's
+hidden units (None: ``dropout``; GPT-2 has none there). With ``init="gpt2", activation="relu", attn_drop=dropout,
+ffn_drop=0`` the model is Hugging Face's, weight for weight (tested by copying its weights across).
+
 The attention of each layer is a registry name, so the Decision Transformer (``"softmax"``) and Primal.+DT
 (``["softmax"] * (depth - 1) + ["primal"]``, the last layer causal Primal-Attention with its KSVD term) are
 configurations::
@@ -32,7 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from ..encoder import Encoder
-from ..options import check_bool, check_int, check_number
+from ..options import check_bool, check_choice, check_int, check_number
 
 __all__ = ["DecisionTransformer", "ReturnConditionedPolicy"]
 
@@ -136,6 +145,11 @@ class DecisionTransformer(ReturnConditionedPolicy):
             (every layer must support ``causal=True``); or pass a plan: ``**primal_plus(depth, s=..., eta=0.05,
             ksvd_reduction="sample")``.
         action_tanh: squash predicted actions to ``(-1, 1)`` (the MuJoCo action range), as the DT does.
+        activation: the FFN's, ``"gelu"`` or ``"relu"``. attn_drop: dropout on the attention weights (softmax
+            layers; a primal layer has no attention matrix and refuses it). ffn_drop: dropout on the FFN's hidden
+            units (None: ``dropout``).
+        init: ``"pytorch"`` (each module's default) or ``"gpt2"`` (N(0, 0.02), residual projections scaled by
+            ``1 / sqrt(2 depth)``, zero biases; a primal layer's own projection matrices keep their initialisation).
     """
 
     def __init__(
@@ -153,6 +167,10 @@ class DecisionTransformer(ReturnConditionedPolicy):
         attention: str | Sequence[str] = "softmax",
         attention_options: dict[str, Any] | Sequence[dict[str, Any] | None] | None = None,
         action_tanh: bool = True,
+        activation: str = "gelu",
+        attn_drop: float = 0.0,
+        ffn_drop: float | None = None,
+        init: str = "pytorch",
     ) -> None:
         super().__init__()
         check_int("state_dim", state_dim, low=1)
@@ -163,6 +181,8 @@ class DecisionTransformer(ReturnConditionedPolicy):
         check_int("ffn_dim", ffn_dim, low=1, allow_none=True)
         check_number("dropout", dropout, low=0.0, high=1.0, high_open=True)
         check_bool("action_tanh", action_tanh)
+        check_number("attn_drop", attn_drop, low=0.0, high=1.0, high_open=True)
+        check_choice("init", init, ("pytorch", "gpt2"))
         self.state_dim, self.act_dim, self.dim = state_dim, act_dim, dim
         self.max_ep_len, self.context = max_ep_len, context
         self.embed_timestep = nn.Embedding(max_ep_len, dim)
@@ -179,9 +199,34 @@ class DecisionTransformer(ReturnConditionedPolicy):
             attention_options,
             ffn_dim=ffn_dim or 4 * dim,
             dropout=dropout,
+            attn_drop=attn_drop,
             causal=True,
+            activation=activation,
+            ffn_drop=ffn_drop,
         )
         self.predict_action = nn.Sequential(nn.Linear(dim, act_dim), nn.Tanh() if action_tanh else nn.Identity())
+        self.init = init
+        if init == "gpt2":
+            self._init_gpt2(depth)
+
+    @torch.no_grad()
+    def _init_gpt2(self, depth: int) -> None:
+        """GPT-2's initialisation (Radford et al. 2019; Hugging Face's ``_init_weights``) of every linear and
+        embedding weight, LayerNorms to (1, 0)."""
+        std = 0.02
+        for module in self.modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                module.weight.normal_(0.0, std)
+                if getattr(module, "bias", None) is not None:
+                    module.bias.zero_()
+            elif isinstance(module, nn.LayerNorm):
+                module.weight.fill_(1.0)
+                module.bias.zero_()
+        # the projections that write into the residual stream: their sum over 2 * depth blocks keeps variance ~ 0.02^2
+        for block in self.encoder.blocks:
+            for w in (getattr(block.attn, "proj", None), block.ffn.net[3]):
+                if isinstance(w, nn.Linear):
+                    w.weight.normal_(0.0, std / (2 * depth) ** 0.5)
 
     @property
     def attention_names(self) -> list[str]:

@@ -162,6 +162,10 @@ def build_dt(cfg: RunConfig, state_dim: int, act_dim: int) -> nn.Module:
         max_ep_len=cfg.rl.max_ep_len,
         context=cfg.data.max_len,
         action_tanh=cfg.rl.action_tanh,
+        activation=m.activation,
+        attn_drop=m.attn_drop,
+        ffn_drop=m.ffn_drop,
+        init=m.init,
         **m.backbone_kwargs(),
     )
 

@@ -31,13 +31,28 @@ class OfflineRLTask(Task):
     lightning = False
     # what the loop implements of trainer.precision (anything else would be silently ignored: refused instead)
     precisions = ("32-true", "32", 32, "bf16-mixed")
+    keys = (("model", "activation"), ("model", "attn_drop"), ("model", "ffn_drop"), ("model", "init"))
 
     def check(self, cfg: RunConfig) -> None:
         path_part("data.name", cfg.data.name)
         if cfg.data.max_len is None:
             raise ConfigError("data.max_len: task 'offline_rl' needs the context K in timesteps (e.g. 20)")
-        if cfg.model.resolved_kind(self.name) == "hf_dt":
-            peer_attention(cfg.model, "Hugging Face's DecisionTransformerModel")
+        m = cfg.model
+        if m.resolved_kind(self.name) == "hf_dt":
+            peer_attention(m, "Hugging Face's DecisionTransformerModel")
+            default = RunConfig().model
+            for key in ("activation", "attn_drop", "ffn_drop", "init"):
+                if getattr(m, key) != getattr(default, key):
+                    raise ConfigError(
+                        f"model.{key}: model.kind 'hf_dt' is Hugging Face's DecisionTransformerModel, whose block is "
+                        f"fixed (ReLU, attention dropout = model.dropout, no FFN hidden dropout, GPT-2 init); leave "
+                        f"model.{key} at {getattr(default, key)!r} (got {getattr(m, key)!r})"
+                    )
+        elif m.attn_drop and "primal" in (m.attention if isinstance(m.attention, list | tuple) else [m.attention]):
+            raise ConfigError(
+                "model.attn_drop: a primal layer forms no attention matrix to drop; set it to 0 for a plan with "
+                f"primal layers (got {m.attn_drop} with model.attention {m.attention!r})"
+            )
         r = cfg.rl
         check_int("rl.max_ep_len", r.max_ep_len, low=1)
         check_number("rl.return_scale", r.return_scale, low=0, low_open=True)

@@ -83,7 +83,11 @@ class ModelConfig:
     layer shares the token embedding's weight). ``vit``: the
     :class:`~primaldual.models.VisionClassifier` (pre-LN, CLS token, ``patch_size`` patches, stochastic depth
     rising linearly to ``drop_path`` in the last block; ``patch_kernel``: the patch projection's kernel, None for
-    ``patch_size``, larger for overlapping patches; ``stem``: ``patch`` or ``conv``, a convolutional stem)."""
+    ``patch_size``, larger for overlapping patches; ``stem``: ``patch`` or ``conv``, a convolutional stem). ``dt``
+    (offline RL) also reads ``activation`` (the FFN's, ``gelu`` or ``relu``), ``attn_drop`` (dropout on attention
+    weights), ``ffn_drop`` (dropout on the FFN's hidden units, null: ``dropout``) and ``init`` (``pytorch`` or
+    ``gpt2``); ``activation: relu, attn_drop: 0.1, ffn_drop: 0.0, init: gpt2`` is Hugging Face's model, see
+    :class:`~primaldual.models.DecisionTransformer`."""
 
     kind: str = "auto"
     dim: int = 512
@@ -103,6 +107,10 @@ class ModelConfig:
     drop_path: float = 0.0
     patch_kernel: int | None = None
     stem: str = "patch"
+    activation: str = "gelu"
+    attn_drop: float = 0.0
+    ffn_drop: float | None = None
+    init: str = "pytorch"
 
     def backbone_kwargs(self) -> dict[str, Any]:
         """The keyword arguments every task model passes to its encoder stack (sizes and attention plan)."""
@@ -280,6 +288,7 @@ _ADDED_KEYS = [
     *(("trainer", k) for k in ("max_steps", "val_check_interval", "accumulate_grad_batches")),
     *(("data", k) for k in ("image_size", "crop_pct")),
     *(("model", k) for k in ("patch_size", "drop_path", "patch_kernel", "stem")),
+    *(("model", k) for k in ("activation", "attn_drop", "ffn_drop", "init")),
 ]
 
 SECTIONS = {

@@ -157,6 +157,10 @@ def validate_config(cfg: RunConfig) -> None:
             f"model.stem: 'conv' needs model.patch_size a power of two (got {m.patch_size}) and model.patch_kernel "
             f"null (got {m.patch_kernel})"
         )
+    check_choice("model.activation", m.activation, ("gelu", "relu"))
+    check_number("model.attn_drop", m.attn_drop, low=0, high=1, high_open=True)
+    check_number("model.ffn_drop", m.ffn_drop, low=0, high=1, high_open=True, allow_none=True)
+    check_choice("model.init", m.init, ("pytorch", "gpt2"))
     _validate_attention(m, causal=task.causal)
     _validate_exclusive(cfg)
 

@@ -152,3 +152,59 @@ def test_input_errors():
         model(s, a, r, ts.float())
     with pytest.raises(TypeError, match="dropout"):
         DecisionTransformer(SD, AD, dropout="0.1")
+
+
+def test_block_options_are_validated():
+    with pytest.raises(ValueError, match="init must be one of 'pytorch', 'gpt2'"):
+        DecisionTransformer(SD, AD, init="normal")
+    with pytest.raises(ValueError, match="activation must be one of 'gelu', 'relu'"):
+        DecisionTransformer(SD, AD, activation="swish")
+    with pytest.raises(TypeError, match="attn_drop"):
+        DecisionTransformer(SD, AD, attn_drop="0.1")
+    with pytest.raises(ValueError, match="ffn_drop"):
+        DecisionTransformer(SD, AD, ffn_drop=1.0)
+    with pytest.raises(ValueError, match="attn_drop must be 0 for primal attention"):
+        _model("primal_plus", attn_drop=0.1)
+
+
+def test_gpt2_init_draws_every_weight_from_gpt2s_distribution():
+    torch.manual_seed(0)
+    depth, dim = 2, 64
+    m = DecisionTransformer(SD, AD, max_ep_len=500, context=K, dim=dim, depth=depth, num_heads=2, init="gpt2")
+    assert m.init == "gpt2"
+    residual = {f"encoder.blocks.{i}.{n}.weight" for i in range(depth) for n in ("attn.proj", "ffn.net.3")}
+    for name, p in m.named_parameters():
+        p = p.detach()
+        if name.endswith("bias"):
+            assert float(p.abs().max()) == 0.0, name
+        elif "norm" in name or "_ln" in name:
+            assert bool((p == 1).all()), name
+        elif p.numel() >= 1000:  # enough draws for the standard deviation to be within 10%
+            want = 0.02 / (2 * depth) ** 0.5 if name in residual else 0.02
+            assert abs(float(p.std()) / want - 1) < 0.1, (name, float(p.std()), want)
+    # PyTorch's defaults are far from it: N(0, 1) timestep table, U(+-1/sqrt(fan_in)) linears with biases
+    d = DecisionTransformer(SD, AD, max_ep_len=500, context=K, dim=dim, depth=depth, num_heads=2)
+    assert float(d.embed_timestep.weight.std()) > 0.9 and float(d.embed_state.bias.abs().max()) > 0
+
+
+@pytest.mark.parametrize("plan", PLANS)
+def test_gpt2_init_keeps_the_model_exact(plan):
+    """The initialisation changes values, not the computation: padding stays exact and the KSVD term is there."""
+    torch.manual_seed(0)
+    model = _model(plan, init="gpt2", activation="relu", ffn_drop=0.0)
+    assert isinstance(model.encoder.blocks[0].ffn.net[1], torch.nn.ReLU)
+    assert model.encoder.blocks[0].ffn.net[2].p == 0.0 and model.encoder.blocks[0].ffn.net[4].p == 0.1
+    s, a, r, ts = _inputs(T=4)
+    full = model(s, a, r, ts)
+    mask = torch.ones(2, K, dtype=torch.bool)
+    mask[:, :2] = False
+
+    def pad(x):
+        return torch.cat([x.new_zeros((2, 2, *x.shape[2:])), x], 1)
+
+    padded = model(pad(s), pad(a), pad(r), pad(ts), mask)[:, 2:]
+    torch.testing.assert_close(padded, full, atol=1e-5, rtol=1e-5)
+    if plan == "primal_plus":
+        model.train()(s, a, r, ts)
+        aux = pd.collect_aux_loss(model)
+        assert aux is not None and torch.isfinite(aux)

@@ -180,3 +180,94 @@ def test_hf_dt_falls_back_to_eager_attention_where_sdpa_is_refused(monkeypatch):
     monkeypatch.setattr(peers, "DecisionTransformerModel", other)
     with pytest.raises(ValueError, match="something else"):
         peers.HFDecisionTransformer(11, 3, context=4, dim=16, depth=2, num_heads=2)
+
+
+def _hf_weights_in_ours(peer) -> dict[str, torch.Tensor]:
+    """The peer's weights under our DT's names. GPT-2's Conv1D stores ``(in, out)``: transposed. Every token gets
+    position id 0, so the position table adds one constant row after ``embed_ln``: folded into its bias."""
+    g, e = peer.model, peer.model.encoder
+    sd = {
+        f"{k}.{n}": p
+        for k in ("embed_timestep", "embed_return", "embed_state", "embed_action", "embed_ln")
+        for n, p in getattr(g, k).named_parameters()
+    }
+    sd["embed_ln.bias"] = sd["embed_ln.bias"] + e.wpe.weight[0]
+    for i, b in enumerate(e.h):
+        pre = f"encoder.blocks.{i}."
+        for ours, (mod, transpose) in {
+            "attn.qkv": (b.attn.c_attn, True),
+            "attn.proj": (b.attn.c_proj, True),
+            "norm1": (b.ln_1, False),
+            "norm2": (b.ln_2, False),
+            "ffn.net.0": (b.mlp.c_fc, True),
+            "ffn.net.3": (b.mlp.c_proj, True),
+        }.items():
+            sd[pre + ours + ".weight"] = mod.weight.T if transpose else mod.weight
+            sd[pre + ours + ".bias"] = mod.bias
+    sd.update({"encoder.norm.weight": e.ln_f.weight, "encoder.norm.bias": e.ln_f.bias})
+    sd.update(
+        {"predict_action.0.weight": g.predict_action[0].weight, "predict_action.0.bias": g.predict_action[0].bias}
+    )
+    return {k: v.detach().clone() for k, v in sd.items()}
+
+
+def test_our_dt_with_the_peers_block_is_the_peer_weight_for_weight():
+    """``init="gpt2", activation="relu", attn_drop=dropout, ffn_drop=0`` is Hugging Face's DecisionTransformerModel:
+    with its weights copied across, the same actions and the same gradients (float64, left padding included); its
+    initialisation draws from the same distributions."""
+    from primaldual.models import DecisionTransformer
+
+    torch.manual_seed(0)
+    peer = peers.HFDecisionTransformer(11, 3, max_ep_len=50, context=5, **SIZES).double().eval()
+    same = {"init": "gpt2", "activation": "relu", "attn_drop": SIZES["dropout"], "ffn_drop": 0.0}
+    ours = DecisionTransformer(11, 3, max_ep_len=50, context=5, **SIZES, **same).double().eval()
+    ours.load_state_dict(_hf_weights_in_ours(peer), strict=True)
+    s, a, r, t = (x.double() if x.is_floating_point() else x for x in _inputs(3, 5))
+    mask = torch.ones(3, 5, dtype=torch.bool)
+    mask[0, :2] = False
+    want, got = peer(s, a, r, t, mask), ours(s, a, r, t, mask)
+    torch.testing.assert_close(got[mask], want[mask], atol=1e-12, rtol=1e-12)
+    ((want - a) ** 2)[mask].mean().backward()
+    ((got - a) ** 2)[mask].mean().backward()
+    theirs = {k: p.grad for k, p in peer.model.named_parameters() if p.grad is not None}
+    torch.testing.assert_close(ours.embed_state.weight.grad, theirs["embed_state.weight"], atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(
+        ours.encoder.blocks[1].attn.qkv.weight.grad, theirs["encoder.h.1.attn.c_attn.weight"].T, atol=1e-12, rtol=1e-12
+    )
+    torch.testing.assert_close(
+        ours.encoder.blocks[0].ffn.net[0].weight.grad, theirs["encoder.h.0.mlp.c_fc.weight"].T, atol=1e-12, rtol=1e-12
+    )
+    # their dropout sites: embeddings, attention weights, after attention, after the MLP (none inside it)
+    blk = ours.encoder.blocks[0]
+    assert (ours.drop.p, blk.attn.attn_drop) == (0.1, 0.1)
+    assert (blk.drop.p, blk.ffn.net[2].p, blk.ffn.net[4].p) == (0.1, 0.0, 0.1)
+    big = {"dim": 64, "depth": 2, "num_heads": 2, "ffn_dim": 128}
+    fresh = peers.HFDecisionTransformer(11, 3, max_ep_len=500, context=5, **big).model
+    mine = DecisionTransformer(11, 3, max_ep_len=500, context=5, **big, **same)
+    for theirs_w, ours_w in (
+        (fresh.embed_timestep.weight, mine.embed_timestep.weight),
+        (fresh.encoder.h[0].attn.c_attn.weight, mine.encoder.blocks[0].attn.qkv.weight),
+        (fresh.encoder.h[1].mlp.c_proj.weight, mine.encoder.blocks[1].ffn.net[3].weight),
+    ):
+        assert abs(float(theirs_w.std()) / float(ours_w.std()) - 1) < 0.1
+
+
+def test_hf_dt_refuses_our_block_options():
+    for key, value in (("init", "gpt2"), ("activation", "relu"), ("attn_drop", "0.1"), ("ffn_drop", "0.0")):
+        with pytest.raises(ConfigError, match=f"model.{key}: model.kind 'hf_dt' is Hugging Face's"):
+            load_config("rl/hopper-medium/hf_dt", [f"--model.{key}", value])
+    cfg = load_config(
+        "rl/hopper-medium/dt", ["--model.init", "gpt2", "--model.activation", "relu", "--model.attn_drop", "0.1"]
+    )
+    assert (cfg.model.init, cfg.model.activation, cfg.model.attn_drop, cfg.model.ffn_drop) == (
+        "gpt2",
+        "relu",
+        0.1,
+        None,
+    )
+    with pytest.raises(ConfigError, match="model.attn_drop: a primal layer forms no attention matrix"):
+        load_config("rl/hopper-medium/primal_plus", ["--model.attn_drop", "0.1"])
+    with pytest.raises(ConfigError, match="model.init must be one of 'pytorch', 'gpt2'"):
+        load_config("rl/hopper-medium/dt", ["--model.init", "xavier"])
+    with pytest.raises(ConfigError, match="model.init"):
+        load_config("lm/english/reduced/transformer", ["--model.init", "gpt2"])
