@@ -163,7 +163,9 @@ _HOW_KEYS = ("enable_progress_bar", "compile")
 
 
 def _same_run(saved: str, text: str) -> bool:
-    """Whether two config.yaml texts describe the same run, apart from :data:`_HOW_KEYS`."""
+    """Whether two config.yaml texts describe the same run, apart from :data:`_HOW_KEYS`. A key one of them lacks
+    counts as its default: a config.yaml written before a key existed (or while it was another task's) read as
+    that default, and so did the run that wrote it."""
     try:
         a, b = yaml.safe_load(saved), yaml.safe_load(text)
     except yaml.YAMLError:
@@ -173,6 +175,15 @@ def _same_run(saved: str, text: str) -> bool:
     for d in (a, b):
         for key in _HOW_KEYS:
             (d.get("trainer") or {}).pop(key, None)
+    defaults = RunConfig().to_dict()
+    for x, y in ((a, b), (b, a)):
+        for section, values in y.items():
+            have, known = x.get(section), defaults.get(section)
+            if not (isinstance(values, dict) and isinstance(have, dict) and isinstance(known, dict)):
+                continue
+            for key, value in values.items():
+                if key not in have and key in known and value == known[key]:
+                    have[key] = value
     return a == b
 
 

@@ -73,3 +73,25 @@ def test_a_run_directory_from_before_the_mark_is_adopted(tmp_path, tiny_config):
     (run_dir / "config.yaml").write_text(tiny_config().read_text())
     prepare_run_dir(cfg, run_dir, fresh=True, verbose=False)
     assert (run_dir / MARK).is_file() and (run_dir / "config.yaml").is_file()
+
+
+def test_a_run_written_before_a_key_existed_resumes_with_it_at_its_default(tmp_path):
+    """An offline-RL run directory from before ``model.init`` (and the other DT block keys) holds a config.yaml
+    without them; the same run continues there (the record gains the keys), a non-default value is refused."""
+    import yaml
+
+    from primaldual.train.config import ConfigError, dump_config
+
+    cfg = load_config("rl/hopper-medium/dt")
+    old = yaml.safe_load(dump_config(cfg))
+    for key in ("activation", "attn_drop", "ffn_drop", "init"):
+        old["model"].pop(key)
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"progress")
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(old, sort_keys=False))
+    prepare_run_dir(cfg, run_dir, fresh=False, verbose=False)
+    assert (run_dir / "config.yaml").read_text() == dump_config(cfg)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(old, sort_keys=False))
+    with pytest.raises(ConfigError, match="different config"):
+        prepare_run_dir(load_config("rl/hopper-medium/dt", ["--model.init", "gpt2"]), run_dir, False, False)
