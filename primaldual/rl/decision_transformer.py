@@ -43,7 +43,9 @@ from torch import Tensor, nn
 from ..encoder import Encoder
 from ..options import check_bool, check_choice, check_int, check_number
 
-__all__ = ["DecisionTransformer", "ReturnConditionedPolicy"]
+__all__ = ["INITS", "DecisionTransformer", "ReturnConditionedPolicy"]
+
+INITS = ("pytorch", "gpt2")  # the ``init`` choices
 
 
 class ReturnConditionedPolicy(nn.Module):
@@ -182,7 +184,7 @@ class DecisionTransformer(ReturnConditionedPolicy):
         check_number("dropout", dropout, low=0.0, high=1.0, high_open=True)
         check_bool("action_tanh", action_tanh)
         check_number("attn_drop", attn_drop, low=0.0, high=1.0, high_open=True)
-        check_choice("init", init, ("pytorch", "gpt2"))
+        check_choice("init", init, INITS)
         self.state_dim, self.act_dim, self.dim = state_dim, act_dim, dim
         self.max_ep_len, self.context = max_ep_len, context
         self.embed_timestep = nn.Embedding(max_ep_len, dim)

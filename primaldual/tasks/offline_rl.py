@@ -41,7 +41,7 @@ class OfflineRLTask(Task):
         if m.resolved_kind(self.name) == "hf_dt":
             peer_attention(m, "Hugging Face's DecisionTransformerModel")
             default = RunConfig().model
-            for key in ("activation", "attn_drop", "ffn_drop", "init"):
+            for _, key in self.keys:
                 if getattr(m, key) != getattr(default, key):
                     raise ConfigError(
                         f"model.{key}: model.kind 'hf_dt' is Hugging Face's DecisionTransformerModel, whose block is "

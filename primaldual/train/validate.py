@@ -13,7 +13,9 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from ..encoder import ACTIVATIONS
 from ..options import check_bool, check_choice, check_int, check_number
+from ..rl.decision_transformer import INITS
 from ..tasks.base import exclusive_keys, get_task
 from .compose import PLAN_KEYS
 from .config import SECTIONS, ModelConfig, RunConfig, yaml_hint
@@ -157,10 +159,10 @@ def validate_config(cfg: RunConfig) -> None:
             f"model.stem: 'conv' needs model.patch_size a power of two (got {m.patch_size}) and model.patch_kernel "
             f"null (got {m.patch_kernel})"
         )
-    check_choice("model.activation", m.activation, ("gelu", "relu"))
+    check_choice("model.activation", m.activation, tuple(ACTIVATIONS))
     check_number("model.attn_drop", m.attn_drop, low=0, high=1, high_open=True)
     check_number("model.ffn_drop", m.ffn_drop, low=0, high=1, high_open=True, allow_none=True)
-    check_choice("model.init", m.init, ("pytorch", "gpt2"))
+    check_choice("model.init", m.init, INITS)
     _validate_attention(m, causal=task.causal)
     _validate_exclusive(cfg)
 

@@ -182,9 +182,9 @@ class HFDecisionTransformer(ReturnConditionedPolicy):
     n_inner=ffn_dim, max_ep_len, action_tanh, resid / embd / attn_pdrop = dropout, n_positions=3 * context)``;
     its activation is the DT's ReLU (ours: GELU unless ``activation="relu"``). Its GPT-2 gets position id 0 for
     every token (the timestep embedding is the only position signal, as in ours), so a left-padded window
-    predicts at its real steps what the unpadded one does. Its state and return heads are built (and counted) but not trained: the loss is on
-    actions only. Attention is SDPA, or the model's eager attention where the installed transformers refuses SDPA
-    for it (``attn_implementation`` records which).
+    predicts at its real steps what the unpadded one does. Its state and return heads are built (and counted) but
+    not trained: the loss is on actions only. Attention is SDPA, or the model's eager attention where the installed
+    transformers refuses SDPA for it (``attn_implementation`` records which).
 
     Args:
         state_dim, act_dim: observation and action sizes.
