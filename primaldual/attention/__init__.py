@@ -3,7 +3,7 @@
 Importing this package registers every built-in mechanism.
 """
 
-from . import linear, primal, softmax, sparse, svr  # noqa: F401  (registration side effects)
+from . import hybrid, linear, primal, softmax, sparse, svr  # noqa: F401  (registration side effects)
 from .base import AttentionLayer, QKVAttention
 from .capabilities import Capabilities
 from .registry import (

@@ -81,6 +81,14 @@ class SparseAttention(QKVAttention):
         self._check_decoding()
         x_t, mask_t = self._check_step(x_t, mask_t)
         q, k, v = self._qkv_step(x_t)  # (B, H, 1, D) each
+        out, cache = self._window_step(q, k, v, state, mask_t)
+        return self._out_step(out, mask_t), cache
+
+    def _window_step(
+        self, q: Tensor, k: Tensor, v: Tensor, state: KVCache, mask_t: Tensor
+    ) -> tuple[Tensor, KVCache]:
+        """One token's attention on the pattern from its projections ``(B, H, 1, D)`` and the cache: the heads'
+        output ``(B, H, 1, D)`` (before the output projection) and the cache with the token added."""
         cache = state.append(k, v, mask_t)
         # this token's rank among its sequence's real tokens; every kept key has a rank <= it (causal by itself)
         rq = state.count[:, None]  # (B, 1)
@@ -98,7 +106,7 @@ class SparseAttention(QKVAttention):
         # their window slots, so the kept set is about window + B * num_global.
         if self.stride == 0 and cache.length > 2 * (self.window + self.num_global) + 16:
             cache = self._prune(cache)
-        return self._out_step(out, mask_t), cache
+        return out, cache
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, key_mask, need_weights: bool):
         return sparse_attention(

@@ -30,7 +30,14 @@ from torch import Tensor
 
 from ..functional.primal import ksvd_objective
 
-__all__ = ["KSVDSolution", "kernel_matrix", "objective_code", "objective_paper", "stationary_point"]
+__all__ = [
+    "KSVDSolution",
+    "kernel_matrix",
+    "objective_code",
+    "objective_paper",
+    "primal_stationary_point",
+    "stationary_point",
+]
 
 
 def kernel_matrix(phi_q: Tensor, phi_k: Tensor) -> Tensor:
@@ -85,6 +92,37 @@ def stationary_point(phi_q: Tensor, phi_k: Tensor, s: int) -> KSVDSolution:
         lam_paper=sigma.reciprocal(),
         lam_code=(n / sigma).sqrt(),
     )
+
+
+def primal_stationary_point(phi_q: Tensor, phi_k: Tensor, s: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The primal weights of :func:`stationary_point` without forming the ``(N, N)`` kernel: for many tokens.
+
+    ``K = Phi_q Phi_k^T`` has rank at most p. With thin QR factorisations ``Phi_q = Q_a R_a`` and ``Phi_k = Q_b R_b``,
+    ``K = Q_a (R_a R_b^T) Q_b^T``, so the top-s SVD of the ``(p, p)`` matrix ``R_a R_b^T = U Sigma V^T`` gives
+    ``H_e = Q_a U``, ``H_r = Q_b V`` and the primal weights ``W_e = Phi_k^T H_r = R_b^T V`` and
+    ``W_r = Phi_q^T H_e = R_a^T U``: O(N p^2) time and O(N p) memory instead of O(N^3) and O(N^2).
+
+    Args:
+        phi_q, phi_k: ``(N, p)`` feature matrices, ``N >= p``. s: rank, ``1 <= s <= p``.
+
+    Returns:
+        ``(w_e, w_r, sigma, lam_code)``: ``(p, s)``, ``(p, s)``, ``(s,)`` and ``(s,)`` as :class:`KSVDSolution`'s
+        fields of the same names (equal up to the sign of each singular pair).
+    """
+    n, p = phi_q.shape
+    if phi_k.shape != phi_q.shape:
+        raise ValueError(f"phi_q and phi_k must have one shape (N, p), got {tuple(phi_q.shape)} and {tuple(phi_k.shape)}")
+    if n < p:
+        raise ValueError(f"primal_stationary_point needs N >= p tokens (N={n}, p={p}); use stationary_point")
+    if not 1 <= s <= p:
+        raise ValueError(f"s must be in [1, p] = [1, {p}], got {s}")
+    _, r_a = torch.linalg.qr(phi_q)  # (p, p)
+    _, r_b = torch.linalg.qr(phi_k)  # (p, p)
+    u, sig, vh = torch.linalg.svd(r_a @ r_b.T)
+    sigma = sig[:s]
+    if bool((sigma <= 0).any()):
+        raise ValueError("K has fewer than s non-zero singular values; choose a smaller s")
+    return r_b.T @ vh[:s].T, r_a.T @ u[:, :s], sigma, (n / sigma).sqrt()
 
 
 def objective_paper(e: Tensor, r: Tensor, w_e: Tensor, w_r: Tensor, lam: Tensor) -> Tensor:

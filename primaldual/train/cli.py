@@ -170,6 +170,30 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from .config import ConfigError
+    from .convert import convert_run
+    from .run import set_threads
+
+    set_threads(args.threads)
+    pairs = []
+    rest = list(args.overrides)
+    while rest:  # --stage1.tokens 0 / --options.s=16: values are YAML
+        import yaml
+
+        tok = rest.pop(0)
+        if not tok.startswith("--"):
+            raise ConfigError(f"unexpected argument {tok!r}; overrides look like --stage1.tokens 204800")
+        key, eq, val = tok[2:].partition("=")
+        if not eq:
+            if not rest:
+                raise ConfigError(f"override --{key} needs a value")
+            val = rest.pop(0)
+        pairs.append((key, yaml.safe_load(val)))
+    convert_run(args.teacher, args.config, overrides=pairs, seed=args.seed, run_dir=args.run_dir, fresh=args.fresh)
+    return 0
+
+
 def _cmd_configs(args: argparse.Namespace) -> int:
     from .config import list_configs, search_path
 
@@ -269,3 +293,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens (default all)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     p.set_defaults(func=_cmd_generate)
+    p = subparsers.add_parser(
+        "convert",
+        help="convert a trained softmax LM run to primal attention (attention transfer, then LM training)",
+        formatter_class=FORMATTER,
+        allow_abbrev=False,
+        epilog=examples(
+            "primaldual convert runs/lm/english/transformer_medium-heldout-seed0-* --config lm/english/convert/primal_plus",
+            "primaldual convert TEACHER_RUN -c lm/english/convert/hybrid --seed 1 --run-dir runs/hybrid_s1",
+            "primaldual convert TEACHER_RUN -c lm/english/convert/primal_plus --stage1.tokens 0 --init random  "
+            "# swap and finetune",
+            note="The conversion config (student, layers, options, init, stage1 / stage2 budgets in tokens) is a "
+            "shipped name lm/<corpus>/convert/<name> or a YAML path; --key value overrides it. The run directory "
+            "is an ordinary run's (resume, generate, test) plus convert.yaml and convert/ (stage 1). See "
+            "docs/conversion.md.",
+        ),
+    )
+    p.add_argument("teacher", metavar="TEACHER_RUN", help="a finished `primaldual fit` run of a softmax CausalLM")
+    p.add_argument("--config", "-c", default="lm/english/convert/primal_plus", help="conversion config name or path")
+    p.add_argument("--seed", type=int, default=0, help="the conversion's seed (default 0)")
+    p.add_argument("--run-dir", default=None, help="run directory (default runs/lm/<dataset>/<name>-...)")
+    p.add_argument("--fresh", action="store_true", help="start the conversion over in its run directory")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.set_defaults(func=_cmd_convert, accepts_overrides=True)

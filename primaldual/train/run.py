@@ -20,6 +20,7 @@ import inspect
 import os
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,17 +120,23 @@ def fit(
     *,
     fresh: bool = False,
     verbose: bool = True,
+    before_training: Callable[[L.LightningModule, Path], None] | None = None,
 ) -> dict[str, Any]:
     """Train (or resume) one run and return its summary (also written to ``summary.json``).
 
     Args:
         cfg: the resolved config. run_dir: default :func:`default_run_dir`. fresh: delete the run dir first.
         verbose: per-epoch lines and the final report on stdout (rank 0).
+        before_training: ``f(module, run_dir)``, called under the run's lock once the run directory is prepared, when
+            there is no checkpoint to resume (a fresh start): it may set the model's weights (``primaldual convert``
+            starts stage 2 from its stage-1 weights this way) and write its own entries. Lightning tasks only.
     """
     # before the data and the lock: a directory that is not ours is never touched
     run_dir = check_run_dir(run_dir if run_dir is not None else default_run_dir(cfg), fresh)
     task = get_task(cfg.task)
     if not task.lightning:  # a loop of its own: the same run directory and lock, its own resume
+        if before_training is not None:
+            raise ConfigError(f"before_training: task {cfg.task!r} runs a loop of its own, which takes no such hook")
         return task.fit(cfg, run_dir, fresh=fresh, verbose=verbose)
     protocol = task.protocol(cfg.protocol)
     launcher = is_launcher_process()
@@ -149,13 +156,23 @@ def fit(
         prepare_run_dir(cfg, run_dir, fresh, verbose)
         if launcher:
             task.on_run_dir(cfg, dm, run_dir)
-        return _fit(cfg, run_dir, protocol, dm, module, verbose)
+        return _fit(cfg, run_dir, protocol, dm, module, verbose, before_training)
 
 
-def _fit(cfg: RunConfig, run_dir: Path, protocol: Any, dm: Any, module: L.LightningModule, verbose: bool):
+def _fit(
+    cfg: RunConfig,
+    run_dir: Path,
+    protocol: Any,
+    dm: Any,
+    module: L.LightningModule,
+    verbose: bool,
+    before_training: Callable[[L.LightningModule, Path], None] | None = None,
+):
     task = get_task(cfg.task)
     note = (lambda msg: print(msg, flush=True)) if verbose and is_launcher_process() else (lambda msg: None)
     resume = resume_checkpoint(run_dir, note)
+    if resume is None and before_training is not None and is_launcher_process():
+        before_training(module, run_dir)
     every = "val" if cfg.step_based else "epoch"
     history = EpochHistory(run_dir, protocol, dm.eval_splits, verbose=verbose, every=every, metrics=task.metrics)
     # Monitor-less top-1 under the fixed name "last": one file, replaced (atomically) after every epoch

@@ -11,6 +11,7 @@ Run directory (default ``runs/<task>/<dataset>/<name>-<protocol>-seed<k>-<config
     checkpoints/best.ckpt  the epoch / evaluation the protocol selects
     summary.json           the result (protocol label, best epoch or step, test accuracy or perplexity, ...)
     tokenizer.json / dict.txt   language models: the run's tokenizer (for ``primaldual generate``)
+    convert.yaml, convert/      a conversion's record and stage 1 (``primaldual convert``, :mod:`.convert`)
     .primaldual-run        the mark: primaldual created this directory (its version and the time)
 
 primaldual deletes or replaces files only in a directory it marked, and only its own entries (the names above). A
@@ -47,6 +48,8 @@ OWN = {
     "summary.json",
     "tokenizer.json",
     "dict.txt",
+    "convert.yaml",
+    "convert",
 }
 
 

@@ -1,0 +1,97 @@
+"""From a trained softmax model to a primal (constant-state) one: swap, initialise from the teacher, transfer.
+
+``convert(teacher, "primal", layers=(-1,), batches=..., steps=...)`` returns a converted copy of a trained
+:class:`~primaldual.models.CausalLM` after stage 1 (layer-wise attention transfer); stage 2 is ordinary training of
+the copy on the LM loss (``primaldual convert`` runs both, with a run directory, see ``docs/conversion.md``).
+
+* :mod:`.students`: the students (``primal``, ``hybrid``, ``window``) and :func:`swap_attention`;
+* :mod:`.init`: the KSVD and least-squares initialisation from the teacher (:func:`init_from_teacher`);
+* :mod:`.transfer`: the teacher-forced stage 1 (:func:`attention_transfer`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from torch import Tensor, nn
+
+from .init import init_from_teacher, ksvd_init, least_squares_map
+from .students import STUDENTS, find_blocks, new_parameters, student_plan, swap_attention
+from .transfer import TransferState, attention_transfer, layer_losses, teacher_attention_io
+
+__all__ = [
+    "STUDENTS",
+    "TransferState",
+    "attention_transfer",
+    "convert",
+    "find_blocks",
+    "init_from_teacher",
+    "initialise_students",
+    "ksvd_init",
+    "layer_losses",
+    "least_squares_map",
+    "new_parameters",
+    "student_plan",
+    "swap_attention",
+    "teacher_attention_io",
+]
+
+INITS = ("teacher", "random")
+
+
+def initialise_students(
+    teacher: nn.Module, student: nn.Module, layers: Sequence[int], ids: Tensor, mask: Tensor | None = None
+) -> dict[int, dict[str, float]]:
+    """:func:`init_from_teacher` for every converted layer, on the teacher's attention inputs for the calibration
+    batch ``ids`` ``(B, N)``. Returns the figures per layer index."""
+    io = teacher_attention_io(teacher, ids, mask, layers)
+    t_blocks, s_blocks = find_blocks(teacher), find_blocks(student)
+    return {i: init_from_teacher(s_blocks[i].attn, t_blocks[i].attn, x, mask) for i, (x, _) in zip(layers, io)}
+
+
+def convert(
+    teacher: nn.Module,
+    student: str = "primal",
+    layers: int | Sequence[int] | str = (-1,),
+    *,
+    batches: Iterable[tuple[Tensor, Tensor | None]] | None = None,
+    steps: int = 0,
+    init: str = "teacher",
+    lr: float = 1e-3,
+    **options: Any,
+) -> tuple[nn.Module, dict[str, Any]]:
+    """A converted copy of ``teacher`` (left unchanged): swap, initialisation and stage 1.
+
+    Args:
+        teacher: a trained model with causal softmax blocks (``CausalLM``).
+        student: ``"primal"`` (the paper's causal layer), ``"hybrid"`` (window + sinks + primal branch) or
+            ``"window"`` (the hybrid without its branch: nothing is trained).
+        layers: block indices (negative from the end) or ``"all"``; ``(-1,)`` converts the last layer (Primal.+).
+        batches: ``(ids, mask)`` batches of the teacher's data; the first one calibrates the initialisation, the
+            next ``steps`` train stage 1. Needed unless ``init="random"`` and ``steps=0``.
+        steps: stage-1 updates (0: none, a plain swap).
+        init: ``"teacher"`` (KSVD + least squares, :func:`init_from_teacher`) or ``"random"`` (the layers' own).
+        lr: stage-1 Adam learning rate.
+        options: the student mechanism's options (``s``, ``eta``, ``window``, ``sinks``, ...).
+
+    Returns:
+        ``(model, report)``: report holds ``layers``, ``init`` (per-layer figures) and ``history`` (stage 1).
+    """
+    if init not in INITS:
+        raise ValueError(f"init must be one of {INITS}, got {init!r}")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        raise ValueError(f"steps must be an int >= 0, got {steps!r}")
+    model, chosen = swap_attention(teacher, student, layers, **options)
+    report: dict[str, Any] = {"layers": chosen, "init": {}, "history": []}
+    trains = student != "window"
+    if (init == "teacher" and trains) or (steps and trains):
+        if batches is None:
+            raise ValueError("batches: needed for the teacher initialisation and for stage 1")
+        it = iter(batches)
+        if init == "teacher" and trains:
+            ids, mask = next(it)
+            report["init"] = initialise_students(teacher, model, chosen, ids, mask)
+        if steps:
+            report["history"] = attention_transfer(teacher, model, chosen, it, steps, lr=lr).history
+    return model, report

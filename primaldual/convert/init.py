@@ -1,0 +1,169 @@
+"""Initialising a student's new parameters from its teacher: KSVD for ``W_e, W_r, Lambda``, least squares for the
+output map.
+
+* **KSVD** (Chen et al., 2023, Theorem 1): on a calibration batch, the student's own feature matrices per head,
+  ``Phi_q, Phi_k`` ``(T, p)`` over the T real tokens (the prefix means of q and k after the cosine feature map, as
+  the causal layer computes them), define the asymmetric kernel ``K = Phi_q Phi_k^T``. Its top-s SVD gives the
+  stationary point ``W_e = Phi_k^T H_r``, ``W_r = Phi_q^T H_e`` and ``Lambda = (T / Sigma)^{1/2}`` in the layer's
+  convention, where the layer's KSVD objective J is zero on that batch (global reduction)
+  (:func:`~primaldual.theory.ksvd.primal_stationary_point`, without forming the ``(T, T)`` kernel). The stationary
+  points form a cone: ``(c W_e, c W_r, Lambda)`` is one too, with J = 0 (both of J's parts scale by c^2). The solution
+  is scaled per head so that its trace term ``tr(W_e^T W_r)`` is 1: unscaled it is the sum of the singular values
+  (tens), and J on other batches than the calibration one moves with it, so that ``eta J^2`` would outweigh the LM
+  loss; at trace 1 it stays of the order of the layer's own random initialisation.
+* **Least squares**: with the scores fixed, the head output ``Linear(2s -> p)(scores)`` is linear in the map's
+  weight and bias, so they are fitted in closed form to the teacher's per-head outputs (``softmax(q k^T) v`` of each
+  head, before the output projection, which the student keeps). The hybrid's branch is fitted to the residual the
+  window leaves (teacher heads minus window heads) and its gate set to 1, so where the window already covers the
+  sequence the fit is zero and the layer is the teacher's.
+
+The SVDs and the least squares run in float64; the results are written in the layer's dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..attention.base import QKVAttention
+from ..attention.hybrid import HybridAttention
+from ..attention.primal import PrimalAttention
+from ..functional.primal import causal_prefix_mean, cosine_feature_map, ksvd_objective, primal_scores_from_input
+from ..theory.ksvd import primal_stationary_point
+
+__all__ = [
+    "branch_features",
+    "branch_scores",
+    "init_from_teacher",
+    "ksvd_init",
+    "ksvd_objective_global",
+    "least_squares_map",
+    "teacher_heads",
+]
+
+
+def _check_student(layer: Any) -> None:
+    if not isinstance(layer, PrimalAttention | HybridAttention) or not layer.causal:
+        raise TypeError(f"expected a causal primal or hybrid student layer, got {type(layer).__name__}")
+    if isinstance(layer, HybridAttention) and not layer.has_branch:
+        raise ValueError("this hybrid layer has no primal branch (primal_branch=False): nothing to initialise")
+
+
+def branch_features(layer: PrimalAttention | HybridAttention, x: Tensor, mask: Tensor | None) -> Tensor:
+    """The student's feature-mapped prefix means of q and k on the layer input ``x`` ``(B, N, C)``:
+    ``(B, N, 2, H, p)`` (``[:, :, 0]`` queries, ``[:, :, 1]`` keys)."""
+    _check_student(layer)
+    B, N, _ = x.shape
+    H, p = layer.num_heads, layer.head_dim
+    if isinstance(layer, PrimalAttention):
+        w, b = layer.qk.weight, layer.qk.bias
+        exact = mask if layer.padding == "exact" else None
+    else:
+        w, b = layer.qkv.weight[: 2 * layer.inner_dim], None
+        if layer.qkv.bias is not None:
+            b = layer.qkv.bias[: 2 * layer.inner_dim]
+        exact = mask
+    qk = torch.nn.functional.linear(x, w, b).view(B, N, 2, H, p)  # (B, N, 2, H, p)
+    return cosine_feature_map(causal_prefix_mean(qk, exact), layer.eps)
+
+
+def branch_scores(layer: PrimalAttention | HybridAttention, x: Tensor, mask: Tensor | None) -> Tensor:
+    """The student's scores ``[e; r]`` on ``x`` ``(B, N, C)``, token-major ``(B, N, H, 2, s)``."""
+    _check_student(layer)
+    if isinstance(layer, HybridAttention):
+        q, k, _ = layer._qkv(x)  # (B, H, N, D) each
+        return layer.branch_scores(q, k, mask)
+    exact = mask if layer.padding == "exact" else None
+    w = torch.stack((layer.w_e, layer.w_r))  # (2, H, p, s)
+    src = causal_prefix_mean(x, exact)  # (B, N, C): q, k are affine in x
+    return primal_scores_from_input(src, layer.qk.weight, layer.qk.bias, w, layer.eps)[0]
+
+
+@torch.no_grad()
+def teacher_heads(teacher: QKVAttention, x: Tensor, mask: Tensor | None) -> Tensor:
+    """The teacher's per-head outputs before its output projection, ``(B, H, N, D)``, on the layer input ``x``."""
+    q, k, v = teacher._qkv(x)  # (B, H, N, D) each
+    return teacher.attend(q, k, v, mask, False)[0]
+
+
+def _real(mask: Tensor | None, B: int, N: int, device: torch.device) -> Tensor:
+    return torch.ones(B, N, dtype=torch.bool, device=device) if mask is None else mask  # (B, N)
+
+
+@torch.no_grad()
+def ksvd_init(layer: PrimalAttention | HybridAttention, x: Tensor, mask: Tensor | None = None) -> dict[str, float]:
+    """Set ``W_e, W_r, Lambda`` of a causal primal layer (or hybrid branch) to the KSVD stationary point of its own
+    kernel on the calibration batch ``x`` ``(B, N, C)`` (real tokens by ``mask``).
+
+    Returns:
+        ``{"tokens": T, "J": the layer's objective on the batch afterwards (global reduction: 0 up to rounding),
+        "sigma_max": largest singular value, "sigma_min": s-th}``.
+    """
+    phi = branch_features(layer, x, mask)  # (B, N, 2, H, p)
+    real = _real(mask, x.shape[0], x.shape[1], x.device)
+    flat = phi[real]  # (T, 2, H, p)
+    T, p, s = flat.shape[0], layer.head_dim, layer.s
+    if T < p:
+        raise ValueError(f"the calibration batch has {T} real tokens; the KSVD initialisation needs at least p={p}")
+    if s > p:
+        raise ValueError(f"s={s} exceeds the head width p={p}: the kernel has rank at most p")
+    sig = []
+    for h in range(layer.num_heads):
+        w_e, w_r, sigma, lam = primal_stationary_point(flat[:, 0, h].double(), flat[:, 1, h].double(), s)
+        c = sigma.sum().rsqrt()  # the trace term tr(W_e^T W_r) becomes 1 (see the module docstring)
+        layer.w_e[h].copy_(c * w_e)
+        layer.w_r[h].copy_(c * w_r)
+        layer.lam[h].copy_(lam)
+        sig.append(sigma)
+    sig = torch.stack(sig)  # (H, s)
+    scores = branch_scores(layer, x, mask)
+    j = ksvd_objective_global(layer, scores, mask)
+    return {"tokens": int(T), "J": float(j), "sigma_max": float(sig.max()), "sigma_min": float(sig[:, -1].min())}
+
+
+def ksvd_objective_global(layer: PrimalAttention | HybridAttention, scores: Tensor, mask: Tensor | None) -> Tensor:
+    """J of the layer on ``scores`` ``(B, N, H, 2, s)``, one mean over the batch's real tokens (the sign kept)."""
+    e, r = scores.transpose(1, 2).unbind(3)  # (B, H, N, s) each
+    return ksvd_objective(e, r, layer.w_e, layer.w_r, layer.lam, mask, "global")
+
+
+@torch.no_grad()
+def least_squares_map(
+    layer: PrimalAttention | HybridAttention, scores: Tensor, target: Tensor, mask: Tensor | None, ridge: float = 1e-6
+) -> float:
+    """Fit the shared ``Linear(2s -> p)`` of ``layer`` to ``target`` ``(B, H, N, p)`` from ``scores``
+    ``(B, N, H, 2, s)`` over the real tokens and every head, by ridge-regularised least squares (``ridge`` times the
+    mean diagonal of the normal matrix). Returns the relative residual ``||fit - target||^2 / ||target||^2``."""
+    B, N, H, _, s = scores.shape
+    real = _real(mask, B, N, scores.device)
+    x = scores.double()[real].reshape(-1, 2 * s)  # (T*H, 2s)
+    y = target.double().transpose(1, 2)[real].reshape(-1, target.shape[-1])  # (B, N, H, p) -> (T*H, p)
+    x1 = torch.cat([x, x.new_ones(x.shape[0], 1)], 1)  # (T*H, 2s+1)
+    gram = x1.T @ x1
+    gram = gram + ridge * gram.diagonal().mean().clamp_min(1e-30) * torch.eye(2 * s + 1, dtype=gram.dtype, device=gram.device)
+    a = torch.linalg.solve(gram, x1.T @ y)  # (2s+1, p)
+    layer.concat.weight.copy_(a[: 2 * s].T)
+    layer.concat.bias.copy_(a[2 * s])
+    denom = y.square().sum().clamp_min(1e-30)
+    return float((x1 @ a - y).square().sum() / denom)
+
+
+@torch.no_grad()
+def init_from_teacher(
+    student: PrimalAttention | HybridAttention, teacher: QKVAttention, x: Tensor, mask: Tensor | None = None
+) -> dict[str, float]:
+    """KSVD for ``W_e, W_r, Lambda`` and least squares for the output map, on the teacher layer's inputs ``x``
+    ``(B, N, C)`` (its calibration batch). For the hybrid the map is fitted to the residual of the window and the
+    gates set to 1. Returns the KSVD figures of :func:`ksvd_init` and ``lstsq_residual``."""
+    info = ksvd_init(student, x, mask)
+    target = teacher_heads(teacher, x, mask).double()  # (B, H, N, p)
+    if isinstance(student, HybridAttention):
+        q, k, v = student._qkv(x)
+        window, _ = student.attend(q, k, v, mask, False)  # (B, H, N, p)
+        target = target - window.double()
+        student.gate.fill_(1.0)
+    scores = branch_scores(student, x, mask)
+    info["lstsq_residual"] = least_squares_map(student, scores, target, mask)
+    return info

@@ -1,0 +1,151 @@
+"""The students a trained softmax layer converts into, and the swap that builds them from the teacher's weights.
+
+Students (what each is, in the papers' terms):
+
+* ``primal``: the causal Primal-Attention layer of Chen et al. (2023) as it is (the official fairseq design: prefix
+  means of q and k, the cosine feature map, data-independent ``W_e, W_r``). Converting the last layer of a
+  Transformer gives Primal.+; converting every layer gives PrimalFormer. It keeps the teacher's query, key and
+  output projections (it has no values).
+* ``hybrid``: :class:`~primaldual.attention.hybrid.HybridAttention`, an extension of ours: the teacher's exact
+  softmax on a sliding window plus sink tokens, and a primal branch gated per head. It keeps all four projections.
+* ``window``: the same layer without its primal branch (the window-only ablation of ``hybrid``); nothing new to train.
+
+:func:`swap_attention` copies a model and replaces the self-attention of the chosen layers by a student built from
+the teacher layer's projections (:func:`~primaldual.integrations.torch_nn.attention_from_projections`); the teacher
+is not modified. It works on every model whose blocks are :class:`~primaldual.encoder.EncoderBlock` (``CausalLM``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+from torch import Tensor, nn
+
+from ..attention.base import AttentionLayer, QKVAttention
+from ..attention.hybrid import HybridAttention
+from ..attention.primal import PrimalAttention
+from ..integrations.torch_nn import attention_from_projections, resolve_layer_indices
+
+__all__ = ["STUDENTS", "find_blocks", "new_parameters", "student_layer", "student_plan", "swap_attention"]
+
+#: student name -> (registered attention, options it always gets)
+STUDENTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "primal": ("primal", {}),
+    "hybrid": ("hybrid", {}),
+    "window": ("hybrid", {"primal_branch": False}),
+}
+
+
+def find_blocks(model: nn.Module) -> nn.ModuleList:
+    """The ``EncoderBlock`` list of a primaldual model (``model.decoder.blocks`` of a ``CausalLM``)."""
+    for name in ("decoder", "encoder"):
+        stack = getattr(model, name, None)
+        if stack is not None and isinstance(getattr(stack, "blocks", None), nn.ModuleList):
+            return stack.blocks
+    raise TypeError(
+        f"model must be a primaldual model with a decoder (or encoder) stack of blocks, such as CausalLM; got "
+        f"{type(model).__name__}. For a Hugging Face model use primaldual.integrations.hf.convert"
+    )
+
+
+def _check_student(student: str) -> tuple[str, dict[str, Any]]:
+    if student not in STUDENTS:
+        raise ValueError(f"student must be one of {', '.join(map(repr, STUDENTS))}, got {student!r}")
+    return STUDENTS[student]
+
+
+def student_layer(teacher: QKVAttention, student: str, **options: Any) -> AttentionLayer:
+    """A student attention built from the trained softmax layer ``teacher`` (causal), its projections copied.
+
+    Args:
+        teacher: a causal :class:`~primaldual.attention.base.QKVAttention` (softmax).
+        student: ``"primal"``, ``"hybrid"`` or ``"window"``.
+        options: the student mechanism's options (``s``, ``eta``, ``ksvd_reduction``; ``window``, ``sinks`` for the
+            hybrid).
+    """
+    name, fixed = _check_student(student)
+    if not isinstance(teacher, QKVAttention) or not teacher.causal:
+        raise TypeError(
+            f"the teacher layer must be a causal softmax-family attention with a fused qkv projection, got "
+            f"{type(teacher).__name__} (causal={getattr(teacher, 'causal', None)})"
+        )
+    for key in fixed:
+        if key in options:
+            raise ValueError(f"{key}: set by the student {student!r}; do not pass it")
+    inner = teacher.inner_dim
+    w, b = teacher.qkv.weight, teacher.qkv.bias
+
+    def part(i: int) -> tuple[Tensor, Tensor | None]:
+        return w[i * inner : (i + 1) * inner], None if b is None else b[i * inner : (i + 1) * inner]
+
+    layer = attention_from_projections(
+        name,
+        num_heads=teacher.num_heads,
+        q=part(0),
+        k=part(1),
+        v=part(2),
+        out=(teacher.proj.weight, teacher.proj.bias),
+        causal=True,
+        attn_drop=teacher.attn_drop,
+        proj_drop=teacher.proj_drop.p,
+        scale=getattr(teacher, "scale", None),
+        **fixed,
+        **options,
+    )
+    return layer.train(teacher.training)
+
+
+def new_parameters(layer: nn.Module) -> list[nn.Parameter]:
+    """The parameters a student adds to the teacher's projections (what stage 1 trains): the primal layer's
+    ``W_e, W_r, Lambda`` and output map, and the hybrid's branch and gate. Empty for the window-only student."""
+    if isinstance(layer, PrimalAttention):
+        return [layer.w_e, layer.w_r, layer.lam, *layer.concat.parameters()]
+    if isinstance(layer, HybridAttention):
+        if not layer.has_branch:
+            return []
+        return [layer.w_e, layer.w_r, layer.lam, layer.gate, *layer.concat.parameters()]
+    raise TypeError(f"not a student layer: {type(layer).__name__}")
+
+
+def student_plan(
+    depth: int, student: str, layers: Sequence[int], base: str = "softmax", **options: Any
+) -> tuple[list[str], list[dict[str, Any] | None]]:
+    """The per-layer attention names and options of the converted model (for a config's ``model.attention`` and
+    ``model.attention_options``): ``layers`` (resolved indices) are the student, the others stay ``base``."""
+    name, fixed = _check_student(student)
+    names = [name if i in layers else base for i in range(depth)]
+    opts = [{**fixed, **options} if i in layers else None for i in range(depth)]
+    return names, opts
+
+
+def swap_attention(
+    model: nn.Module, student: str, layers: int | Sequence[int] | str = (-1,), **options: Any
+) -> tuple[nn.Module, list[int]]:
+    """A copy of ``model`` with the self-attention of ``layers`` replaced by ``student`` (teacher weights copied).
+
+    Args:
+        model: a primaldual model whose chosen blocks hold causal softmax attention (a trained ``CausalLM``).
+        student: ``"primal"``, ``"hybrid"`` or ``"window"``.
+        layers: block indices (negative from the end) or ``"all"``.
+        options: the student's mechanism options.
+
+    Returns:
+        ``(student_model, indices)``: the converted copy (same device, dtype and mode) and the resolved indices.
+        The new parameters are the mechanism's defaults (random W_e, W_r; gate 0): see
+        :func:`primaldual.convert.init_from_teacher` for an initialisation that uses the teacher.
+    """
+    blocks = find_blocks(model)
+    chosen = resolve_layer_indices(layers, len(blocks))
+    new = copy.deepcopy(model)
+    new_blocks = find_blocks(new)
+    for i in chosen:  # build every student before replacing any
+        if not isinstance(blocks[i].attn, QKVAttention) or isinstance(blocks[i].attn, HybridAttention):
+            raise ValueError(f"layers: block {i} holds {type(blocks[i].attn).__name__}, not a softmax teacher layer")
+    students = [student_layer(new_blocks[i].attn, student, **options) for i in chosen]
+    name = _check_student(student)[0]
+    for i, layer in zip(chosen, students):
+        new_blocks[i].attn = layer
+        new_blocks[i].attention_name = name
+    return new, chosen

@@ -1,0 +1,143 @@
+"""Stage 1 of a conversion: layer-wise, teacher-forced attention transfer (as LoLCATs' first stage).
+
+One teacher forward (eval mode, no gradients) records, for every converted layer, the attention's input (the block's
+normalised residual stream) and its output. Each student layer then runs on the *teacher's* input, so the layers
+learn independently and one teacher forward serves all of them, and is fitted to the teacher's output by the mean
+squared error normalised per layer, ``sum ||y_student - y_teacher||^2 / sum ||y_teacher||^2`` over the real tokens
+(1 for a student that outputs zeros, 0 for an exact one). Only the students' new parameters train
+(:func:`~primaldual.convert.students.new_parameters`); the layers' KSVD terms (weight ``eta``) are added to the loss,
+as in any training of a primal layer
+(averaged over the layers, as :func:`~primaldual.collect_aux_loss` does), and reported beside it.
+
+The loop is written here rather than on Lightning because its step is not a model's training step: a frozen
+teacher forward, then independent per-layer losses on recorded activations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..aux_loss import aux_loss_terms
+from .students import find_blocks, new_parameters
+
+__all__ = ["TransferState", "attention_transfer", "layer_losses", "teacher_attention_io"]
+
+
+@torch.no_grad()
+def teacher_attention_io(
+    teacher: nn.Module, ids: Tensor, mask: Tensor | None, layers: Sequence[int]
+) -> list[tuple[Tensor, Tensor]]:
+    """The teacher's attention input ``(B, N, C)`` and output ``(B, N, C)`` at each of ``layers``, from one forward
+    in eval mode (the teacher's mode is restored; its parameters are not touched)."""
+    blocks = find_blocks(teacher)
+    seen: dict[int, tuple[Tensor, Tensor]] = {}
+    hooks = []
+    for i in layers:
+
+        def hook(module: nn.Module, args: tuple, out: Any, i: int = i) -> None:
+            seen[i] = (args[0].detach(), (out[0] if isinstance(out, tuple) else out).detach())
+
+        hooks.append(blocks[i].attn.register_forward_hook(hook))
+    was = teacher.training
+    teacher.eval()
+    try:
+        teacher(ids, mask)
+    finally:
+        teacher.train(was)
+        for h in hooks:
+            h.remove()
+    return [seen[i] for i in layers]
+
+
+def layer_losses(students: Sequence[nn.Module], io: Sequence[tuple[Tensor, Tensor]], mask: Tensor | None) -> Tensor:
+    """Per-layer normalised output errors ``(L,)`` of the students run on the teacher's inputs (with gradients)."""
+    losses = []
+    for layer, (x, target) in zip(students, io, strict=True):
+        y = layer(x, mask)  # (B, N, C); zero at padded tokens, as the teacher's output
+        losses.append((y - target).square().sum() / target.square().sum().clamp_min(1e-30))
+    return torch.stack(losses)
+
+
+@dataclass
+class TransferState:
+    """Progress of a stage-1 run: ``step`` updates done, ``history`` one row per logged step."""
+
+    step: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def attention_transfer(
+    teacher: nn.Module,
+    student: nn.Module,
+    layers: Sequence[int],
+    batches: Iterable[tuple[Tensor, Tensor | None]],
+    steps: int,
+    *,
+    lr: float = 1e-3,
+    optimizer: torch.optim.Optimizer | None = None,
+    state: TransferState | None = None,
+    log_every: int = 10,
+    on_log: Callable[[dict[str, float]], None] | None = None,
+    on_step: Callable[[TransferState, torch.optim.Optimizer], None] | None = None,
+) -> TransferState:
+    """Train the new parameters of ``student``'s converted ``layers`` to reproduce ``teacher``'s attention outputs.
+
+    Args:
+        teacher, student: the trained model and its converted copy (:func:`~primaldual.convert.swap_attention`).
+        layers: the converted block indices.
+        batches: ``(ids (B, N), mask (B, N) bool or None)``, at least ``steps - state.step`` of them.
+        steps: total updates (a resumed ``state`` continues from its step).
+        lr: Adam's learning rate (when no ``optimizer`` is given).
+        optimizer: an optimiser over the new parameters (to resume one); default Adam.
+        log_every: a history row every ``log_every`` updates, and at the first and last.
+        on_log: called with each history row. on_step: called after each update (checkpointing).
+
+    Returns:
+        The state: ``history`` rows hold ``step``, ``loss`` (mean normalised error), ``loss/layer<i>`` per layer,
+        ``ksvd`` (the eta-weighted KSVD term, as :func:`~primaldual.collect_aux_loss` sums it) and ``J2/<module>`` (each
+        layer's unweighted term J^2 this step).
+    """
+    state = state or TransferState()
+    blocks = find_blocks(student)
+    students = [blocks[i].attn for i in layers]
+    params = [p for layer in students for p in new_parameters(layer)]
+    if not params:
+        raise ValueError("the converted layers have no new parameters to train (the window-only student)")
+    for p in student.parameters():
+        p.requires_grad_(False)
+    for p in params:
+        p.requires_grad_(True)
+    opt = optimizer or torch.optim.Adam(params, lr=lr)
+    for layer in students:
+        layer.train()
+    it: Iterator = iter(batches)
+    while state.step < steps:
+        ids, mask = next(it)
+        io = teacher_attention_io(teacher, ids, mask, layers)
+        losses = layer_losses(students, io, mask)
+        terms = aux_loss_terms(student)  # {group: [(name, weight, term), ...]}
+        # as collect_aux_loss: the weighted terms averaged over the calls of a group, the groups summed
+        ksvd = sum((torch.stack([w * t for _, w, t in g]).mean() for g in terms.values() if g), losses.new_zeros(()))
+        opt.zero_grad(set_to_none=True)
+        (losses.mean() + ksvd).backward()
+        opt.step()
+        state.step += 1
+        if state.step == 1 or state.step % log_every == 0 or state.step == steps:
+            row = {"step": float(state.step), "loss": float(losses.mean()), "ksvd": float(ksvd)}
+            row.update({f"loss/layer{i}": float(v) for i, v in zip(layers, losses)})
+            for group in terms.values():
+                for name, _, term in group:
+                    row[f"J2/{name}"] = float(term)
+            state.history.append(row)
+            if on_log is not None:
+                on_log(row)
+        if on_step is not None:
+            on_step(state, opt)
+    for p in student.parameters():
+        p.requires_grad_(True)
+    return state

@@ -1,0 +1,356 @@
+"""``primaldual convert``: a trained softmax LM run -> a converted run directory (stage 1, then stage 2 by ``fit``).
+
+A conversion config (YAML; shipped ones are named ``lm/<corpus>/convert/<name>`` and live in
+``configs/lm/_convert/<corpus>/<name>.yaml``) says what to convert and with which budget::
+
+    student: primal                  # primal | hybrid | window (primaldual.convert.STUDENTS)
+    layers: [-1]                     # block indices (negative from the end) or all
+    options: {s: 30, eta: 0.1}       # the student mechanism's options
+    init: teacher                    # teacher (KSVD + least squares) | random (the layers' own)
+    calibration_batches: 4           # training batches the initialisation is computed on
+    stage1: {tokens: 409600, lr: 0.001}
+    stage2: {tokens: 819200, lr: 0.0003, warmup_steps: 20, decay: cosine}
+
+The teacher is a ``CausalLM`` run directory (its ``config.yaml`` and best checkpoint, read in the safe mode). The
+student's run config is the teacher's with the converted layers' attention, the stage-2 optimiser settings and
+``max_steps`` from ``stage2.tokens``; its run directory is an ordinary one (``config.yaml``, checkpoints, resume,
+``history.csv``, ``summary.json``, so ``generate``, ``test`` and ``analyze`` work on it) plus:
+
+    convert.yaml            the conversion config and the teacher (path, test perplexity)
+    convert/stage1.pt       the converted model's weights after stage 1 (atomic; a resume starts stage 2 from it)
+    convert/stage1.json     per layer: the initialisation figures, the stage-1 loss before and after, J^2
+    convert/stage1.csv      the stage-1 history
+
+Stage 1 runs once, before stage 2's first update (a run killed during it redoes it); stage 2 resumes as ``fit``
+does. ``summary.json`` gains a ``convert`` section (the tokens of each stage, the teacher's perplexity, the ratio).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from ..options import check_int, check_number
+from ..utils.io import atomic_write_bytes, atomic_write_json, atomic_write_text
+from .config import ConfigError, RunConfig, apply_overrides
+from .rundir import run_config
+
+__all__ = ["CONVERT_ENTRIES", "ConvertConfig", "convert_run", "find_convert_config", "load_convert_config"]
+
+#: what a conversion adds to a run directory (primaldual's own entries there)
+CONVERT_ENTRIES = ("convert.yaml", "convert")
+_PACKAGE_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+@dataclass
+class Stage1:
+    """Attention transfer: ``tokens`` of training data (rounded up to whole batches), Adam at ``lr``."""
+
+    tokens: int = 409_600
+    lr: float = 1e-3
+
+
+@dataclass
+class Stage2:
+    """End-to-end LM training of the converted model: ``tokens``, AdamW at ``lr``, the schedule."""
+
+    tokens: int = 819_200
+    lr: float = 3e-4
+    warmup_steps: int = 20
+    decay: str = "cosine"
+
+
+@dataclass
+class ConvertConfig:
+    """A conversion (see the module docstring)."""
+
+    student: str = "primal"
+    layers: Any = field(default_factory=lambda: [-1])
+    options: dict[str, Any] = field(default_factory=dict)
+    init: str = "teacher"
+    calibration_batches: int = 4
+    stage1: Stage1 = field(default_factory=Stage1)
+    stage2: Stage2 = field(default_factory=Stage2)
+
+    def validate(self) -> ConvertConfig:
+        from ..convert import INITS, STUDENTS
+
+        if self.student not in STUDENTS:
+            raise ConfigError(f"student: expected one of {', '.join(STUDENTS)}, got {self.student!r}")
+        if self.init not in INITS:
+            raise ConfigError(f"init: expected one of {', '.join(INITS)}, got {self.init!r}")
+        layers = self.layers
+        ok = layers == "all" or (
+            isinstance(layers, list) and layers and all(isinstance(i, int) and not isinstance(i, bool) for i in layers)
+        )
+        if not ok:
+            raise ConfigError(f"layers: expected 'all' or a non-empty list of ints, got {layers!r}")
+        if not isinstance(self.options, dict):
+            raise ConfigError(f"options: expected a mapping of the student's options, got {self.options!r}")
+        try:
+            check_int("calibration_batches", self.calibration_batches, low=1)
+            check_int("stage1.tokens", self.stage1.tokens, low=0)
+            check_number("stage1.lr", self.stage1.lr, low=0.0, low_open=True)
+            check_int("stage2.tokens", self.stage2.tokens, low=1)
+            check_number("stage2.lr", self.stage2.lr, low=0.0, low_open=True)
+            check_int("stage2.warmup_steps", self.stage2.warmup_steps, low=0)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(str(e)) from None
+        if self.student == "window" and (self.stage1.tokens or self.init != "teacher"):
+            raise ConfigError(
+                "student 'window' has no new parameters: stage1.tokens must be 0 and init left at 'teacher' "
+                "(nothing is initialised)"
+            )
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _build(values: Any, where: str) -> ConvertConfig:
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where}: a conversion config is a mapping, got {type(values).__name__}")
+    known = {f for f in ConvertConfig.__dataclass_fields__}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(known))}")
+    kw = dict(values)
+    for name, cls in (("stage1", Stage1), ("stage2", Stage2)):
+        sub = kw.get(name, {})
+        if not isinstance(sub, dict):
+            raise ConfigError(f"{where}: {name} must be a mapping, got {sub!r}")
+        bad = sorted(set(sub) - set(cls.__dataclass_fields__))
+        if bad:
+            raise ConfigError(f"{where}: unknown key(s) {name}.{', '.join(bad)}; valid: {', '.join(cls.__dataclass_fields__)}")
+        kw[name] = cls(**sub)
+    try:
+        return ConvertConfig(**kw).validate()
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def find_convert_config(spec: str) -> Path:
+    """A conversion config: a YAML path, or a shipped name ``lm/<corpus>/convert/<name>``."""
+    path = Path(spec)
+    if path.suffix in (".yaml", ".yml"):
+        if not path.is_file():
+            raise FileNotFoundError(f"--config: {path} not found")
+        return path
+    parts = spec.split("/")
+    if len(parts) == 4 and parts[0] == "lm" and parts[2] == "convert":
+        shipped = _PACKAGE_CONFIGS / "lm" / "_convert" / parts[1] / f"{parts[3]}.yaml"
+        if shipped.is_file():
+            return shipped
+    names = sorted(
+        f"lm/{p.parent.name}/convert/{p.stem}" for p in (_PACKAGE_CONFIGS / "lm" / "_convert").glob("*/*.yaml")
+    )
+    raise ConfigError(f"--config: no conversion config {spec!r}; shipped: {', '.join(names)} (or a .yaml path)")
+
+
+def load_convert_config(spec: str, overrides: list[tuple[str, Any]] = ()) -> ConvertConfig:
+    """Read a conversion config and apply ``(dotted key, value)`` overrides."""
+    path = find_convert_config(spec)
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    for key, value in overrides:
+        node, parts = values, key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--{key}: {part!r} is not a section")
+        node[parts[-1]] = value
+    return _build(values, str(path))
+
+
+# ------------------------------------------------------------------------------------------------------------------
+def _teacher(teacher_dir: Path) -> tuple[RunConfig, Any, Any, dict[str, Any]]:
+    """The teacher's config, data module, Lightning module (best weights loaded) and summary."""
+    from ..tasks.base import get_task
+    from .checkpoints import check_fits, load_checkpoint
+
+    tcfg = run_config(teacher_dir)
+    if tcfg.task != "lm" or tcfg.model.resolved_kind(tcfg.task) != "lm":
+        raise ConfigError(f"{teacher_dir}: the teacher must be a CausalLM run (task lm, model.kind lm)")
+    ckpt = teacher_dir / "checkpoints" / "best.ckpt"
+    state = load_checkpoint(ckpt)
+    task = get_task("lm")
+    dm = task.datamodule(tcfg)
+    dm.prepare_data()
+    dm.setup("fit")
+    module = task.module(tcfg, dm)
+    check_fits(module, state, ckpt, str(teacher_dir / "config.yaml"))
+    module.load_state_dict(state["state_dict"])
+    summary_path = teacher_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    return tcfg, dm, module, summary
+
+
+def student_config(tcfg: RunConfig, conv: ConvertConfig, name: str, seed: int, tokens_per_update: int) -> RunConfig:
+    """The converted run's config: the teacher's, with the student layers, the stage-2 optimiser and budget."""
+    from ..convert import student_plan
+    from ..integrations.torch_nn import resolve_layer_indices
+
+    chosen = resolve_layer_indices(conv.layers, tcfg.model.depth)
+    base = tcfg.model.attention if isinstance(tcfg.model.attention, str) else None
+    if base != "softmax":
+        raise ConfigError(f"the teacher must have softmax attention in every layer, got {tcfg.model.attention!r}")
+    names, options = student_plan(tcfg.model.depth, conv.student, chosen, **conv.options)
+    steps = max(1, math.ceil(conv.stage2.tokens / tokens_per_update))
+    sets = {
+        "name": f"{tcfg.name}-{name}",
+        "seed": seed,
+        "model.attention": names,
+        "model.attention_options": options,
+        "model.plan": None,
+        "optim.lr": conv.stage2.lr,
+        "schedule.warmup_steps": conv.stage2.warmup_steps,
+        "schedule.decay": conv.stage2.decay,
+        "schedule.total_steps": None,
+        "trainer.max_steps": steps,
+        "trainer.val_check_interval": max(1, steps // 2),
+    }
+    args = [a for k, v in sets.items() if k.split(".")[-1] in _keys(tcfg, k) for a in (f"--{k}", json.dumps(v))]
+    return apply_overrides(tcfg, args).validate()
+
+
+def _keys(cfg: RunConfig, dotted: str) -> set[str]:
+    """The keys of the section ``dotted`` names (top-level keys for a plain name): skips keys a config lacks."""
+    d = cfg.to_dict()
+    parts = dotted.split(".")
+    node = d
+    for part in parts[:-1]:
+        node = node.get(part, {})
+    return set(node)
+
+
+def _batches(dm: Any, batch_size: int, seed: int):
+    """Endless ``(ids, None)`` batches of the training chunks, in a seeded order (stage 1 and calibration)."""
+    ds = dm.datasets["train"]
+    g = torch.Generator().manual_seed(seed)
+    while True:
+        for idx in torch.randperm(len(ds), generator=g).split(batch_size):
+            if len(idx) < batch_size:
+                continue
+            ids = torch.stack([ds[int(i)][0] for i in idx])  # (B, T)
+            yield ids, None
+
+
+def _stage1(
+    conv: ConvertConfig, teacher: Any, model: Any, dm: Any, cfg: RunConfig, run_dir: Path, verbose: bool
+) -> None:
+    """Swap, initialise and run stage 1, then load the result into ``model`` and write ``convert/``."""
+    from ..convert import attention_transfer, initialise_students, swap_attention
+
+    out = run_dir / "convert"
+    saved = out / "stage1.pt"
+    if saved.is_file():
+        model.load_state_dict(torch.load(saved, map_location="cpu", weights_only=True))
+        return
+    out.mkdir(exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    student, chosen = swap_attention(teacher, conv.student, conv.layers, **conv.options)
+    B = cfg.data.batch_size
+    batches = _batches(dm, B, cfg.seed)
+    report: dict[str, Any] = {"layers": chosen, "init": conv.init, "init_figures": {}, "tokens": 0}
+    if conv.init == "teacher" and conv.student != "window":
+        calib = [next(batches)[0] for _ in range(conv.calibration_batches)]
+        report["init_figures"] = initialise_students(teacher, student, chosen, torch.cat(calib), None)
+    steps = math.ceil(conv.stage1.tokens / (B * cfg.data.max_len)) if conv.stage1.tokens else 0
+    rows: list[dict[str, float]] = []
+    if steps:
+
+        def log(row: dict[str, float]) -> None:
+            if verbose:
+                per = " ".join(f"{k.split('/')[1]} {v:.4f}" for k, v in row.items() if k.startswith("loss/"))
+                print(f"stage 1 step {int(row['step'])}/{steps}: loss {row['loss']:.4f} ({per})", flush=True)
+
+        every = max(1, steps // 10)
+        rows = attention_transfer(teacher, student, chosen, batches, steps, lr=conv.stage1.lr, log_every=every, on_log=log).history
+        report["tokens"] = steps * B * cfg.data.max_len
+        report["first"], report["last"] = rows[0], rows[-1]
+    report["steps"] = steps
+    buf = io.StringIO()
+    if rows:
+        keys = list(dict.fromkeys(k for r in rows for k in r))
+        w = csv.DictWriter(buf, keys)
+        w.writeheader()
+        w.writerows(rows)
+    atomic_write_text(out / "stage1.csv", buf.getvalue())
+    atomic_write_json(out / "stage1.json", report)
+    model.load_state_dict(student.state_dict())
+    data = io.BytesIO()
+    torch.save(model.state_dict(), data)
+    atomic_write_bytes(saved, data.getvalue())
+
+
+def convert_run(
+    teacher_dir: str | os.PathLike,
+    config: str,
+    *,
+    overrides: list[tuple[str, Any]] = (),
+    seed: int = 0,
+    run_dir: str | os.PathLike | None = None,
+    fresh: bool = False,
+    verbose: bool = True,
+) -> dict[str, Any]:
+    """Convert the ``CausalLM`` of the run ``teacher_dir`` as the conversion ``config`` says; returns the summary.
+
+    Args:
+        teacher_dir: a finished ``primaldual fit`` run of a softmax ``CausalLM`` (task lm).
+        config: a conversion config (``lm/<corpus>/convert/<name>`` or a YAML path). overrides: ``(key, value)``.
+        seed: the conversion's seed (initialisation, stage-1 batches, stage-2 shuffling and dropout).
+        run_dir: default ``runs/lm/<dataset>/<teacher name>-<config name>-...``. fresh: start over there.
+    """
+    from .rundir import check_run_dir, default_run_dir
+    from .run import fit
+
+    teacher_dir = Path(teacher_dir)
+    conv = load_convert_config(config, overrides)
+    check_int("--seed", seed, low=0)
+    tcfg, dm, tmodule, tsummary = _teacher(teacher_dir)
+    teacher = tmodule.model.eval()
+    name = Path(config).stem if config.endswith((".yaml", ".yml")) else config.split("/")[-1]
+    cfg = student_config(tcfg, conv, name, seed, tcfg.data.batch_size * tcfg.data.max_len)
+    run_dir = check_run_dir(run_dir if run_dir is not None else default_run_dir(cfg), fresh)
+    record = {
+        "convert": conv.to_dict(),
+        "config": config,
+        "teacher": {"run_dir": str(teacher_dir.resolve()), "test_ppl": tsummary.get("test_ppl")},
+    }
+    text = yaml.safe_dump(record, sort_keys=False)
+    saved = run_dir / "convert.yaml"
+    if not fresh and saved.is_file() and saved.read_text() != text:
+        raise ConfigError(
+            f"{run_dir} holds another conversion ({saved}); pass --fresh to start over there or another --run-dir"
+        )
+
+    def before_training(module: Any, rd: Path) -> None:
+        atomic_write_text(rd / "convert.yaml", text)
+        _stage1(conv, teacher, module.model, dm, cfg, rd, verbose)
+
+    summary = fit(cfg, run_dir, fresh=fresh, verbose=verbose, before_training=before_training)
+    stage1 = json.loads((run_dir / "convert" / "stage1.json").read_text())
+    tppl = tsummary.get("test_ppl")
+    summary["convert"] = {
+        **record,
+        "stage1_tokens": stage1.get("tokens", 0),
+        "stage2_tokens": cfg.trainer.max_steps * cfg.data.batch_size * cfg.data.max_len,
+        "ppl_ratio_to_teacher": (summary["test_ppl"] / tppl) if tppl and summary.get("test_ppl") else None,
+        "stage1": {k: stage1.get(k) for k in ("first", "last", "init_figures", "steps")},
+    }
+    atomic_write_json(run_dir / "summary.json", summary)
+    if verbose:
+        ratio = summary["convert"]["ppl_ratio_to_teacher"]
+        print(f"converted: test ppl {summary.get('test_ppl'):.2f}" + (f" ({ratio:.3f}x the teacher's {tppl:.2f})" if ratio else ""))
+    return summary
