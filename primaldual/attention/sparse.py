@@ -84,9 +84,7 @@ class SparseAttention(QKVAttention):
         out, cache = self._window_step(q, k, v, state, mask_t)
         return self._out_step(out, mask_t), cache
 
-    def _window_step(
-        self, q: Tensor, k: Tensor, v: Tensor, state: KVCache, mask_t: Tensor
-    ) -> tuple[Tensor, KVCache]:
+    def _window_step(self, q: Tensor, k: Tensor, v: Tensor, state: KVCache, mask_t: Tensor) -> tuple[Tensor, KVCache]:
         """One token's attention on the pattern from its projections ``(B, H, 1, D)`` and the cache: the heads'
         output ``(B, H, 1, D)`` (before the output projection) and the cache with the token added."""
         cache = state.append(k, v, mask_t)

@@ -105,7 +105,7 @@ def ksvd_init(layer: PrimalAttention | HybridAttention, x: Tensor, mask: Tensor 
     real = _real(mask, x.shape[0], x.shape[1], x.device)
     flat = phi[real]  # (T, 2, H, p)
     T, p, s = flat.shape[0], layer.head_dim, layer.s
-    if T < p:
+    if p > T:
         raise ValueError(f"the calibration batch has {T} real tokens; the KSVD initialisation needs at least p={p}")
     if s > p:
         raise ValueError(f"s={s} exceeds the head width p={p}: the kernel has rank at most p")
@@ -142,7 +142,9 @@ def least_squares_map(
     y = target.double().transpose(1, 2)[real].reshape(-1, target.shape[-1])  # (B, N, H, p) -> (T*H, p)
     x1 = torch.cat([x, x.new_ones(x.shape[0], 1)], 1)  # (T*H, 2s+1)
     gram = x1.T @ x1
-    gram = gram + ridge * gram.diagonal().mean().clamp_min(1e-30) * torch.eye(2 * s + 1, dtype=gram.dtype, device=gram.device)
+    gram = gram + ridge * gram.diagonal().mean().clamp_min(1e-30) * torch.eye(
+        2 * s + 1, dtype=gram.dtype, device=gram.device
+    )
     a = torch.linalg.solve(gram, x1.T @ y)  # (2s+1, p)
     layer.concat.weight.copy_(a[: 2 * s].T)
     layer.concat.bias.copy_(a[2 * s])

@@ -111,7 +111,9 @@ def primal_stationary_point(phi_q: Tensor, phi_k: Tensor, s: int) -> tuple[Tenso
     """
     n, p = phi_q.shape
     if phi_k.shape != phi_q.shape:
-        raise ValueError(f"phi_q and phi_k must have one shape (N, p), got {tuple(phi_q.shape)} and {tuple(phi_k.shape)}")
+        raise ValueError(
+            f"phi_q and phi_k must have one shape (N, p), got {tuple(phi_q.shape)} and {tuple(phi_k.shape)}"
+        )
     if n < p:
         raise ValueError(f"primal_stationary_point needs N >= p tokens (N={n}, p={p}); use stationary_point")
     if not 1 <= s <= p:

@@ -130,7 +130,9 @@ def _build(values: Any, where: str) -> ConvertConfig:
             raise ConfigError(f"{where}: {name} must be a mapping, got {sub!r}")
         bad = sorted(set(sub) - set(cls.__dataclass_fields__))
         if bad:
-            raise ConfigError(f"{where}: unknown key(s) {name}.{', '.join(bad)}; valid: {', '.join(cls.__dataclass_fields__)}")
+            raise ConfigError(
+                f"{where}: unknown key(s) {name}.{', '.join(bad)}; valid: {', '.join(cls.__dataclass_fields__)}"
+            )
         kw[name] = cls(**sub)
     try:
         return ConvertConfig(**kw).validate()
@@ -276,7 +278,9 @@ def _stage1(
                 print(f"stage 1 step {int(row['step'])}/{steps}: loss {row['loss']:.4f} ({per})", flush=True)
 
         every = max(1, steps // 10)
-        rows = attention_transfer(teacher, student, chosen, batches, steps, lr=conv.stage1.lr, log_every=every, on_log=log).history
+        rows = attention_transfer(
+            teacher, student, chosen, batches, steps, lr=conv.stage1.lr, log_every=every, on_log=log
+        ).history
         report["tokens"] = steps * B * cfg.data.max_len
         report["first"], report["last"] = rows[0], rows[-1]
     report["steps"] = steps
@@ -312,8 +316,8 @@ def convert_run(
         seed: the conversion's seed (initialisation, stage-1 batches, stage-2 shuffling and dropout).
         run_dir: default ``runs/lm/<dataset>/<teacher name>-<config name>-...``. fresh: start over there.
     """
-    from .rundir import check_run_dir, default_run_dir
     from .run import fit
+    from .rundir import check_run_dir, default_run_dir
 
     teacher_dir = Path(teacher_dir)
     conv = load_convert_config(config, overrides)
@@ -352,5 +356,8 @@ def convert_run(
     atomic_write_json(run_dir / "summary.json", summary)
     if verbose:
         ratio = summary["convert"]["ppl_ratio_to_teacher"]
-        print(f"converted: test ppl {summary.get('test_ppl'):.2f}" + (f" ({ratio:.3f}x the teacher's {tppl:.2f})" if ratio else ""))
+        print(
+            f"converted: test ppl {summary.get('test_ppl'):.2f}"
+            + (f" ({ratio:.3f}x the teacher's {tppl:.2f})" if ratio else "")
+        )
     return summary
