@@ -128,7 +128,7 @@ def attention_transfer(
         opt.step()
         state.step += 1
         if state.step == 1 or state.step % log_every == 0 or state.step == steps:
-            row = {"step": float(state.step), "loss": float(losses.mean()), "ksvd": float(ksvd)}
+            row = {"step": float(state.step), "loss": float(losses.detach().mean()), "ksvd": float(ksvd.detach())}
             row.update({f"loss/layer{i}": float(v) for i, v in zip(layers, losses)})
             for group in terms.values():
                 for name, _, term in group:

@@ -11,7 +11,11 @@ from tests.conftest import rel_err
 
 V, DIM, HEADS, DEPTH, MAXLEN = 37, 12, 3, 2, 40
 CAUSAL = [i.name for i in pd.list_attentions() if i.capabilities.causal]
-OPTIONS = {"primal": {"s": 3, "ksvd_reduction": "sample"}, "sparse": {"window": 3}}
+OPTIONS = {
+    "primal": {"s": 3, "ksvd_reduction": "sample"},
+    "sparse": {"window": 3},
+    "hybrid": {"window": 3, "sinks": 1, "s": 2, "gate_init": 0.7},
+}
 
 
 def _model(attention, dtype=torch.float64) -> CausalLM:
@@ -51,7 +55,9 @@ def test_left_padding_does_not_change_a_prompt_for_padding_exact_attention():
     assert rel_err(model(ids, mask)[2, 7:], alone[0]) < 1e-10
 
 
-@pytest.mark.parametrize("attention", ["softmax", "primal", "linear", "sparse", "softmax_bn", ["softmax", "primal"]])
+@pytest.mark.parametrize(
+    "attention", ["softmax", "primal", "linear", "sparse", "softmax_bn", "hybrid", ["softmax", "primal"]]
+)
 def test_greedy_generate_equals_repeated_full_forwards(attention):
     model = _model(attention)
     ids, mask = _prompts()
@@ -142,6 +148,7 @@ PREFILL_VARIANTS = {  # option sets beyond OPTIONS, so that every decoding path 
     "sparse": [{"window": 3}, {"window": 2, "num_global": 2}, {"window": 2, "stride": 3, "num_global": 1}],
     "softmax_sh": [{}, {"factors": [3, 1, 2], "pooling": "stride"}],
     "primal": [OPTIONS["primal"], {"s": 3, "padding": "reference"}],
+    "hybrid": [OPTIONS["hybrid"], {"window": 2, "sinks": 0, "primal_branch": False}],
 }
 PREFILL_CASES = [
     pytest.param(name, opts, id=f"{name}-{opts}")
@@ -238,3 +245,30 @@ def test_prefill_refuses_bad_masks():
         model.prefill(ids, bad)
     with pytest.raises(TypeError, match="int64"):
         model.prefill(ids.float(), mask)
+
+
+def test_hybrid_decoding_state_is_independent_of_the_context():
+    """A hybrid LM's state after 20 and after 200 tokens has the same size (window + sinks slots and the sums)."""
+    model = (
+        CausalLM(
+            V,
+            256,
+            dim=DIM,
+            depth=2,
+            num_heads=HEADS,
+            ffn_dim=24,
+            attention="hybrid",
+            attention_options={"window": 4, "sinks": 2, "s": 2, "gate_init": 0.5},
+        )
+        .double()
+        .eval()
+    )
+
+    def size(n: int) -> int:
+        ids = torch.randint(0, V, (2, n), generator=torch.Generator().manual_seed(n))
+        _, state = model.prefill(ids)
+        for _ in range(40):  # decoding keeps it bounded too
+            _, state = model.step(torch.zeros(2, dtype=torch.long), state)
+        return sum(s.window.length * s.window.k_buf.shape[-1] + s.primal.sum_q.numel() for s in state.layers)
+
+    assert size(20) == size(200)

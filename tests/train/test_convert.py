@@ -1,0 +1,177 @@
+"""``primaldual convert``: a tiny trained softmax LM run converted in a run directory (stage 1, then stage 2 by fit),
+its record, resume, the converted model's weights, generation, and the conversion config's errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from primaldual.cli import main
+from primaldual.train.checkpoints import load_checkpoint
+from primaldual.train.convert import load_convert_config
+from primaldual.train.rundir import run_config
+
+from .helpers import fit_cmd, run
+from .test_lm import _lm_config, english_dir  # noqa: F401  (the tiny corpus fixture)
+
+
+@pytest.fixture(scope="module")
+def teacher_run(tmp_path_factory, english_dir):  # noqa: F811
+    tmp = tmp_path_factory.mktemp("teacher")
+    cfg = _lm_config(tmp, english_dir, **{"model.attention": "softmax", "model.attention_options": None})
+    run(fit_cmd(cfg, tmp / "run", "--threads", "1"))
+    return tmp / "run"
+
+
+def _convert_cmd(teacher, run_dir, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "primaldual.cli",
+        "convert",
+        str(teacher),
+        "--run-dir",
+        str(run_dir),
+        "--threads",
+        "1",
+        *extra,
+    ]
+
+
+def _tiny(student: str) -> list[str]:
+    opts = {"s": 4, "eta": 0.1} if student == "primal" else {"window": 6, "sinks": 1, "s": 4}
+    return [
+        "-c",
+        f"lm/english/convert/{'primal_plus' if student == 'primal' else 'hybrid'}",
+        "--calibration_batches",
+        "2",
+        "--stage1.tokens",
+        "640",
+        "--stage2.tokens",
+        "640",
+        "--options",
+        json.dumps(opts),
+    ]
+
+
+@pytest.mark.parametrize("student", ["primal", "hybrid"])
+def test_convert_writes_a_run_directory_that_resumes_generates_and_loads(tmp_path, teacher_run, student):
+    out = tmp_path / "conv"
+    res = run(_convert_cmd(teacher_run, out, *_tiny(student)))
+    assert "stage 1 step 10/10" in res.stdout and "converted: test ppl" in res.stdout
+    for name in (
+        "convert.yaml",
+        "convert/stage1.pt",
+        "convert/stage1.json",
+        "convert/stage1.csv",
+        "summary.json",
+        "checkpoints/best.ckpt",
+        "tokenizer.json",
+    ):
+        assert (out / name).exists(), name
+    summary = json.loads((out / "summary.json").read_text())
+    conv = summary["convert"]
+    assert conv["stage1_tokens"] == 640 and conv["stage2_tokens"] == 640
+    assert conv["ppl_ratio_to_teacher"] == pytest.approx(
+        summary["test_ppl"] / json.loads((teacher_run / "summary.json").read_text())["test_ppl"]
+    )
+    first, last = conv["stage1"]["first"], conv["stage1"]["last"]
+    assert last["loss"] < first["loss"]
+    # the converted model is the one the run's config.yaml builds, with its trained weights
+    cfg = run_config(out)
+    n = cfg.model.depth
+    expect = ["softmax"] * (n - 1) + ["primal"] if student == "primal" else ["hybrid"] * n
+    assert cfg.model.attention == expect
+    state = load_checkpoint(out / "checkpoints" / "best.ckpt")["state_dict"]
+    stage1 = torch.load(out / "convert" / "stage1.pt", weights_only=True)
+    key = f"model.decoder.blocks.{n - 1}.attn.w_e"
+    assert not torch.equal(state[key], stage1[key.removeprefix("model.")])  # stage 2 trained it further
+    from primaldual.tasks.base import get_task
+
+    task = get_task("lm")
+    dm = task.datamodule(cfg)
+    dm.setup("fit")
+    module = task.module(cfg, dm)
+    module.load_state_dict(state)  # strict: every trained parameter has its place
+    assert torch.equal(module.model.decoder.blocks[n - 1].attn.w_e, state[key])
+    # a second call reports the finished run (no retraining); generate works on it
+    again = run(_convert_cmd(teacher_run, out, *_tiny(student)))
+    assert "stage 1" not in again.stdout and "converted: test ppl" in again.stdout
+    gen = run(
+        [
+            sys.executable,
+            "-m",
+            "primaldual.cli",
+            "generate",
+            str(out),
+            "--prompt",
+            "the kernel",
+            "--max-new-tokens",
+            "5",
+            "--temperature",
+            "0",
+        ]
+    )
+    assert gen.stdout.startswith("the kernel")
+
+
+def test_window_student_swaps_without_stage_1(tmp_path, teacher_run):
+    out = tmp_path / "win"
+    res = run(
+        _convert_cmd(
+            teacher_run,
+            out,
+            "-c",
+            "lm/english/convert/window",
+            "--stage2.tokens",
+            "640",
+            "--options",
+            '{"window": 6, "sinks": 1}',
+        )
+    )
+    assert "stage 1 step" not in res.stdout
+    stage1 = json.loads((out / "convert" / "stage1.json").read_text())
+    assert stage1["steps"] == 0 and stage1["init_figures"] == {}
+
+
+def _error(capsys, argv) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    return err[0]
+
+
+def test_conversion_config_errors_are_one_line(capsys, tmp_path, teacher_run):
+    base = ["convert", str(teacher_run), "--run-dir", str(tmp_path / "x")]
+    assert "no conversion config 'lm/english/convert/nope'" in _error(capsys, [*base, "-c", "lm/english/convert/nope"])
+    assert "student: expected one of" in _error(capsys, [*base, "--student", "linear"])
+    assert "stage2.tokens must be" in _error(capsys, [*base, "--stage2.tokens", "0"])
+    assert "unknown key(s) stage1.epochs" in _error(capsys, [*base, "--stage1.epochs", "3"])
+    assert "stage1.lr" in _error(capsys, [*base, "--stage1.lr", "'fast'"])
+    assert "stage1.tokens must be 0" in _error(
+        capsys, [*base, "-c", "lm/english/convert/window", "--stage1.tokens", "5"]
+    )
+    assert "no config.yaml" in _error(capsys, ["convert", str(tmp_path), "--run-dir", str(tmp_path / "y")])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("student: [unclosed\n")
+    assert "not valid YAML" in _error(capsys, [*base, "-c", str(bad)])
+    assert not (tmp_path / "x").exists()  # nothing written for a bad config
+
+
+def test_a_run_directory_of_another_conversion_is_refused(capsys, tmp_path, teacher_run):
+    out = tmp_path / "conv"
+    run(_convert_cmd(teacher_run, out, *_tiny("primal")))
+    before = (out / "summary.json").read_text()
+    msg = _error(
+        capsys, ["convert", str(teacher_run), "--run-dir", str(out), *_tiny("primal")[:-2], "--options", '{"s": 3}']
+    )
+    assert "another" in msg and (out / "summary.json").read_text() == before
+
+
+def test_shipped_conversion_configs_load():
+    for name in ("primal_plus", "primalformer", "hybrid", "window"):
+        conv = load_convert_config(f"lm/english/convert/{name}")
+        assert conv.stage1.tokens + conv.stage2.tokens <= 12_288_000 // 10  # at most 10% of the medium teacher's
