@@ -34,7 +34,7 @@ from collections import defaultdict
 import torch
 from torch import Tensor, nn
 
-__all__ = ["AuxLossMixin", "aux_loss_terms", "clear_aux_loss", "collect_aux_loss"]
+__all__ = ["AuxLossMixin", "aux_loss_terms", "clear_aux_loss", "collect_aux_loss", "collect_aux_loss_parts"]
 
 
 def _recomputing() -> bool:
@@ -115,6 +115,19 @@ def collect_aux_loss(model: nn.Module, clear: bool = True) -> Tensor | None:
         group = torch.stack([w * t for _, w, t in terms]).mean()
         total = group if total is None else total + group
     return total
+
+
+def collect_aux_loss_parts(model: nn.Module, clear: bool = True) -> tuple[Tensor | None, dict[str, Tensor]]:
+    """:func:`collect_aux_loss` and, beside it, each group's mean *unweighted* term over its calls (detached, for
+    logging: the KSVD group's is the mean of J^2 over the primal layers, before ``eta``)."""
+    groups = aux_loss_terms(model, clear=clear)
+    total: Tensor | None = None
+    parts: dict[str, Tensor] = {}
+    for name, terms in groups.items():
+        group = torch.stack([w * t for _, w, t in terms]).mean()
+        total = group if total is None else total + group
+        parts[name] = torch.stack([t.detach() for _, _, t in terms]).mean()
+    return total, parts
 
 
 def clear_aux_loss(model: nn.Module) -> None:

@@ -134,8 +134,9 @@ class StepTimer(L.Callback):
         return out
 
 
-_TRAIN_KEYS = ("train/loss_epoch", "train/task_loss", "train/aux_loss", "train/acc")
-_STEP_TRAIN_KEYS = ("train/loss_step",)  # step-based rows: the loss of the last training step
+_TRAIN_KEYS = ("train/loss_epoch", "train/task_loss", "train/aux_loss", "train/ksvd_J2_epoch", "train/acc")
+# step-based rows: the loss (and the primal layers' unweighted KSVD term J^2) of the last training step
+_STEP_TRAIN_KEYS = ("train/loss_step", "train/ksvd_J2_step")
 
 
 class EpochHistory(L.Callback):

@@ -36,14 +36,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import Subset
 
-from ..aux_loss import collect_aux_loss
+from ..aux_loss import collect_aux_loss, collect_aux_loss_parts
 from ..data.cache import MissingDataError, dataset_dir
 from ..data.lm import IGNORE_INDEX, bits_per_byte, chunk_splits, unigram_baseline
 from ..options import check_int, check_number
 from ..utils.io import atomic_write_bytes
 from .config import ConfigError, OptimConfig, RunConfig, ScheduleConfig
 from .datamodule import SplitDataModule
-from .module import ClassificationModule
+from .module import ClassificationModule, log_ksvd
 
 __all__ = [
     "LMDataModule",
@@ -225,7 +225,7 @@ class LanguageModelModule(ClassificationModule):
         training step without logging (``primaldual bench steps`` times it)."""
         nll, count = self._nll(batch)
         task = nll / count.clamp_min(1)
-        aux = collect_aux_loss(self.model)
+        aux, self.aux_parts = collect_aux_loss_parts(self.model)
         loss = task if aux is None else task + aux
         return loss, task, aux, None
 
@@ -235,6 +235,7 @@ class LanguageModelModule(ClassificationModule):
         self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, **kw)
         self.log("train/task_loss", task, on_step=False, on_epoch=True, **kw)
         self.log("train/aux_loss", 0.0 if aux is None else aux.detach(), on_step=False, on_epoch=True, **kw)
+        log_ksvd(self, kw)
         return loss
 
     # evaluation: exact split totals, not means of batch means

@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..aux_loss import collect_aux_loss
+from ..aux_loss import collect_aux_loss_parts
 from .config import OptimConfig, ScheduleConfig
 
-__all__ = ["ClassificationModule", "build_optimizer", "lr_factor"]
+__all__ = ["ClassificationModule", "build_optimizer", "log_ksvd", "lr_factor"]
 
 _OPTIMIZERS = {"radam": torch.optim.RAdam, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
 
@@ -65,7 +65,8 @@ class ClassificationModule(L.LightningModule):
         *inputs, y = batch
         logits = self.model(*inputs)  # (B, classes)
         task = F.cross_entropy(logits, y)
-        aux = collect_aux_loss(self.model)  # always collected, so no stale term survives an eval pass
+        # always collected, so no stale term survives an eval pass
+        aux, self.aux_parts = collect_aux_loss_parts(self.model)
         acc = (logits.argmax(-1) == y).float().mean()
         return task, task if aux is None else task + aux, aux, acc
 
@@ -88,6 +89,7 @@ class ClassificationModule(L.LightningModule):
         self.log("train/task_loss", task, on_step=False, on_epoch=True, **kw)
         self.log("train/aux_loss", 0.0 if aux is None else aux.detach(), on_step=False, on_epoch=True, **kw)
         self.log("train/acc", acc, on_step=False, on_epoch=True, **kw)
+        log_ksvd(self, kw)
 
     def validation_step(self, batch: tuple[Tensor, ...], batch_idx: int, dataloader_idx: int = 0) -> None:
         task, _, _, acc = self._losses(batch)
@@ -131,3 +133,12 @@ def lr_factor(step: int, *, warmup: int, decay: str, total: int) -> float:
         return math.sqrt(warmup / (step + 1))
     frac = min(1.0, (step - warmup) / max(1, total - warmup))
     return 1.0 - frac if decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * frac))
+
+
+def log_ksvd(module: L.LightningModule, kw: dict[str, Any]) -> None:
+    """``train/ksvd_J2``: the mean over the primal layers of their unweighted KSVD term J^2 in this step (what
+    ``eta`` multiplies; ``train/aux_loss`` is the weighted sum), when the model has such layers. Per step and per
+    epoch, so that the history of step- and epoch-based runs both carry it."""
+    parts = getattr(module, "aux_parts", None) or {}
+    if "ksvd" in parts:
+        module.log("train/ksvd_J2", parts["ksvd"], on_step=True, on_epoch=True, **kw)

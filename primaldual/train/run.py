@@ -218,6 +218,7 @@ def _fit(
     }
     if cfg.step_based:
         summary.update(steps=int(trainer.global_step), best_step=int(best["step"]), evaluations=len(history.rows))
+    summary.update(_ksvd_summary(module.model, history.rows))
     test = None
     if protocol.eval_split != "test":  # the selected checkpoint, evaluated once on test
         test = trainer.test(module, dm, ckpt_path=str(history.best_path), verbose=False, **_safe(trainer.test))[0]
@@ -227,6 +228,34 @@ def _fit(
         if verbose:
             print(task.report(cfg, summary, protocol), flush=True)
     return summary
+
+
+def _ksvd_summary(model: nn.Module, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The KSVD term beside the task loss, from the last history row, for models with primal layers: ``ksvd_J2``
+    (mean over the primal layers of their unweighted term J^2 at the last logged training step or epoch),
+    ``ksvd_rms_J`` (its square root: |J| for the global reduction, the RMS of the per-sample J for the per-sample
+    one), ``ksvd_eta`` and ``ksvd_eta_J2`` (what the training loss added), and ``task_loss`` where the row has it.
+    Empty for models without primal layers."""
+    from ..aux_loss import AuxLossMixin
+
+    etas = sorted(
+        {
+            float(m.aux_loss_weight)
+            for m in model.modules()
+            if isinstance(m, AuxLossMixin) and m.aux_loss_group == "ksvd"
+        }
+    )
+    last = rows[-1] if rows else {}
+    j2 = last.get("train/ksvd_J2", last.get("train/ksvd_J2_step"))
+    if not etas or j2 is None:
+        return {}
+    eta = etas[0] if len(etas) == 1 else etas
+    out: dict[str, Any] = {"ksvd_J2": j2, "ksvd_rms_J": j2**0.5, "ksvd_eta": eta}
+    if len(etas) == 1:
+        out["ksvd_eta_J2"] = etas[0] * j2
+    if "train/task_loss" in last:
+        out["task_loss"] = last["train/task_loss"]
+    return out
 
 
 def _compile(module: L.LightningModule, dm: Any, trainer: L.Trainer, note: Any) -> None:

@@ -124,6 +124,11 @@ def test_fit_writes_summary_with_perplexity_bpb_and_the_unigram_floor(english_ru
     assert s["test_ppl_over_unigram"] == pytest.approx(s["test_ppl"] / floor["perplexity"], rel=1e-12)
     assert s["test_ppl"] < s["unigram_test_ppl"]  # the repetitive tiny corpus is learnt within 24 steps
     assert (english_run / "tokenizer.json").read_bytes() == (english_dir / "tokenizer.json").read_bytes()
+    # the KSVD term beside the task loss (the last layer is primal, eta 0.1): J^2 of the last evaluated step
+    assert s["ksvd_eta"] == 0.1 and s["ksvd_J2"] == pytest.approx(float(rows[-1]["train/ksvd_J2_step"]))
+    assert s["ksvd_rms_J"] == pytest.approx(s["ksvd_J2"] ** 0.5) and s["ksvd_eta_J2"] == pytest.approx(
+        0.1 * s["ksvd_J2"]
+    )
 
 
 def test_lm_resume_after_kill_matches_uninterrupted(tmp_path, english_dir, english_run):
