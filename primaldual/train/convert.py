@@ -44,7 +44,16 @@ from ..utils.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from .config import ConfigError, RunConfig, apply_overrides
 from .rundir import run_config
 
-__all__ = ["CONVERT_ENTRIES", "ConvertConfig", "convert_run", "find_convert_config", "load_convert_config"]
+__all__ = [
+    "CONVERT_ENTRIES",
+    "ConvertConfig",
+    "convert_run",
+    "find_convert_config",
+    "load_convert_config",
+    "load_teacher",
+    "student_config",
+    "train_batches",
+]
 
 #: what a conversion adds to a run directory (primaldual's own entries there)
 CONVERT_ENTRIES = ("convert.yaml", "convert")
@@ -176,7 +185,7 @@ def load_convert_config(spec: str, overrides: list[tuple[str, Any]] = ()) -> Con
 
 
 # ------------------------------------------------------------------------------------------------------------------
-def _teacher(teacher_dir: Path) -> tuple[RunConfig, Any, Any, dict[str, Any]]:
+def load_teacher(teacher_dir: Path) -> tuple[RunConfig, Any, Any, dict[str, Any]]:
     """The teacher's config, data module, Lightning module (best weights loaded) and summary."""
     from ..tasks.base import get_task
     from .checkpoints import check_fits, load_checkpoint
@@ -236,7 +245,7 @@ def _keys(cfg: RunConfig, dotted: str) -> set[str]:
     return set(node)
 
 
-def _batches(dm: Any, batch_size: int, seed: int):
+def train_batches(dm: Any, batch_size: int, seed: int):
     """Endless ``(ids, None)`` batches of the training chunks, in a seeded order (stage 1 and calibration)."""
     ds = dm.datasets["train"]
     g = torch.Generator().manual_seed(seed)
@@ -263,7 +272,7 @@ def _stage1(
     torch.manual_seed(cfg.seed)
     student, chosen = swap_attention(teacher, conv.student, conv.layers, **conv.options)
     B = cfg.data.batch_size
-    batches = _batches(dm, B, cfg.seed)
+    batches = train_batches(dm, B, cfg.seed)
     report: dict[str, Any] = {"layers": chosen, "init": conv.init, "init_figures": {}, "tokens": 0}
     if conv.init == "teacher" and conv.student != "window":
         calib = [next(batches)[0] for _ in range(conv.calibration_batches)]
@@ -322,7 +331,7 @@ def convert_run(
     teacher_dir = Path(teacher_dir)
     conv = load_convert_config(config, overrides)
     check_int("--seed", seed, low=0)
-    tcfg, dm, tmodule, tsummary = _teacher(teacher_dir)
+    tcfg, dm, tmodule, tsummary = load_teacher(teacher_dir)
     teacher = tmodule.model.eval()
     name = Path(config).stem if config.endswith((".yaml", ".yml")) else config.split("/")[-1]
     cfg = student_config(tcfg, conv, name, seed, tcfg.data.batch_size * tcfg.data.max_len)
