@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument("--layers", default="all", help="'all' or comma-separated indices (default all)")
     ap.add_argument("--options", default='{"s": 30, "eta": 0.1, "ksvd_reduction": "sample"}', help="JSON options")
     ap.add_argument("--steps", type=int, default=100, help="stage-1 updates (default 100)")
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--calibration-batches", type=int, default=4)
     ap.add_argument("--val-batches", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
@@ -80,13 +80,21 @@ def main() -> None:
         after = evaluate(teacher, student, chosen, val)
         results[init] = {"layers": chosen, "step0": before, "after": after}
         print(f"{init}: step 0 {[round(v, 4) for v in before]}, after {args.steps} {[round(v, 4) for v in after]}")
-    print(f"\n| layer | teacher init, step 0 | random init, step 0 | teacher init, after {args.steps} | random init, "
-          f"after {args.steps} |\n|---|---|---|---|---|")
+    print(
+        f"\n| layer | teacher init, step 0 | random init, step 0 | teacher init, after {args.steps} | random init, "
+        f"after {args.steps} |\n|---|---|---|---|---|"
+    )
     for j, i in enumerate(results["teacher"]["layers"]):
         t, r = results["teacher"], results["random"]
         print(f"| {i} | {t['step0'][j]:.4f} | {r['step0'][j]:.4f} | {t['after'][j]:.4f} | {r['after'][j]:.4f} |")
-    record = {"teacher": str(args.teacher), "student": args.student, "options": options, "steps": args.steps,
-              "tokens_per_step": B * tcfg.data.max_len, "results": results}
+    record = {
+        "teacher": str(args.teacher),
+        "student": args.student,
+        "options": options,
+        "steps": args.steps,
+        "tokens_per_step": B * tcfg.data.max_len,
+        "results": results,
+    }
     if args.out:
         atomic_write_json(args.out, record)
     assert all(math.isfinite(v) for r in results.values() for v in r["after"])

@@ -58,7 +58,7 @@ def convert(
     batches: Iterable[tuple[Tensor, Tensor | None]] | None = None,
     steps: int = 0,
     init: str = "teacher",
-    lr: float = 1e-3,
+    lr: float = 3e-4,
     **options: Any,
 ) -> tuple[nn.Module, dict[str, Any]]:
     """A converted copy of ``teacher`` (left unchanged): swap, initialisation and stage 1.
@@ -72,7 +72,7 @@ def convert(
             next ``steps`` train stage 1. Needed unless ``init="random"`` and ``steps=0``.
         steps: stage-1 updates (0: none, a plain swap).
         init: ``"teacher"`` (KSVD + least squares, :func:`init_from_teacher`) or ``"random"`` (the layers' own).
-        lr: stage-1 Adam learning rate.
+        lr: stage-1 Adam learning rate (3e-4: see docs/conversion.md on why it is low).
         options: the student mechanism's options (``s``, ``eta``, ``window``, ``sinks``, ...).
 
     Returns:

@@ -78,7 +78,7 @@ def attention_transfer(
     batches: Iterable[tuple[Tensor, Tensor | None]],
     steps: int,
     *,
-    lr: float = 1e-3,
+    lr: float = 3e-4,
     optimizer: torch.optim.Optimizer | None = None,
     state: TransferState | None = None,
     log_every: int = 10,
@@ -129,10 +129,10 @@ def attention_transfer(
         state.step += 1
         if state.step == 1 or state.step % log_every == 0 or state.step == steps:
             row = {"step": float(state.step), "loss": float(losses.detach().mean()), "ksvd": float(ksvd.detach())}
-            row.update({f"loss/layer{i}": float(v) for i, v in zip(layers, losses)})
+            row.update({f"loss/layer{i}": float(v) for i, v in zip(layers, losses.detach())})
             for group in terms.values():
                 for name, _, term in group:
-                    row[f"J2/{name}"] = float(term)
+                    row[f"J2/{name}"] = float(term.detach())
             state.history.append(row)
             if on_log is not None:
                 on_log(row)

@@ -8,8 +8,8 @@ A conversion config (YAML; shipped ones are named ``lm/<corpus>/convert/<name>``
     options: {s: 30, eta: 0.1}       # the student mechanism's options
     init: teacher                    # teacher (KSVD + least squares) | random (the layers' own)
     calibration_batches: 4           # training batches the initialisation is computed on
-    stage1: {tokens: 409600, lr: 0.001}
-    stage2: {tokens: 819200, lr: 0.0003, warmup_steps: 20, decay: cosine}
+    stage1: {tokens: 409600, lr: 0.0003}
+    stage2: {tokens: 819200, lr: 0.0002, warmup_steps: 20, decay: cosine}
 
 The teacher is a ``CausalLM`` run directory (its ``config.yaml`` and best checkpoint, read in the safe mode). The
 student's run config is the teacher's with the converted layers' attention, the stage-2 optimiser settings and
@@ -65,7 +65,7 @@ class Stage1:
     """Attention transfer: ``tokens`` of training data (rounded up to whole batches), Adam at ``lr``."""
 
     tokens: int = 409_600
-    lr: float = 1e-3
+    lr: float = 3e-4
 
 
 @dataclass
@@ -73,7 +73,7 @@ class Stage2:
     """End-to-end LM training of the converted model: ``tokens``, AdamW at ``lr``, the schedule."""
 
     tokens: int = 819_200
-    lr: float = 3e-4
+    lr: float = 2e-4
     warmup_steps: int = 20
     decay: str = "cosine"
 
