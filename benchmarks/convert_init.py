@@ -45,7 +45,7 @@ def evaluate(teacher, student, layers, val) -> list[float]:
     return (num / den).tolist()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("teacher", type=Path, help="a finished softmax CausalLM run directory")
     ap.add_argument("--student", default="primal", choices=["primal", "hybrid"])
@@ -58,7 +58,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     layers = "all" if args.layers == "all" else [int(i) for i in args.layers.split(",")]
@@ -97,8 +97,10 @@ def main() -> None:
     }
     if args.out:
         atomic_write_json(args.out, record)
-    assert all(math.isfinite(v) for r in results.values() for v in r["after"])
+    if not all(math.isfinite(v) for r in results.values() for v in r["after"]):
+        raise SystemExit("non-finite stage-1 error: lower --lr")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

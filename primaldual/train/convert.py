@@ -223,7 +223,6 @@ def student_config(tcfg: RunConfig, conv: ConvertConfig, name: str, seed: int, t
         "seed": seed,
         "model.attention": names,
         "model.attention_options": options,
-        "model.plan": None,
         "optim.lr": conv.stage2.lr,
         "schedule.warmup_steps": conv.stage2.warmup_steps,
         "schedule.decay": conv.stage2.decay,
@@ -231,18 +230,8 @@ def student_config(tcfg: RunConfig, conv: ConvertConfig, name: str, seed: int, t
         "trainer.max_steps": steps,
         "trainer.val_check_interval": max(1, steps // 2),
     }
-    args = [a for k, v in sets.items() if k.split(".")[-1] in _keys(tcfg, k) for a in (f"--{k}", json.dumps(v))]
+    args = [a for k, v in sets.items() for a in (f"--{k}", json.dumps(v))]  # JSON values are YAML
     return apply_overrides(tcfg, args).validate()
-
-
-def _keys(cfg: RunConfig, dotted: str) -> set[str]:
-    """The keys of the section ``dotted`` names (top-level keys for a plain name): skips keys a config lacks."""
-    d = cfg.to_dict()
-    parts = dotted.split(".")
-    node = d
-    for part in parts[:-1]:
-        node = node.get(part, {})
-    return set(node)
 
 
 def train_batches(dm: Any, batch_size: int, seed: int):
