@@ -174,13 +174,12 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     from .config import ConfigError
     from .convert import convert_run
     from .run import set_threads
+    from .yaml_values import load_yaml
 
     set_threads(args.threads)
     pairs = []
     rest = list(args.overrides)
     while rest:  # --stage1.tokens 0 / --options.s=16: values are YAML
-        import yaml
-
         tok = rest.pop(0)
         if not tok.startswith("--"):
             raise ConfigError(f"unexpected argument {tok!r}; overrides look like --stage1.tokens 204800")
@@ -189,7 +188,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             if not rest:
                 raise ConfigError(f"override --{key} needs a value")
             val = rest.pop(0)
-        pairs.append((key, yaml.safe_load(val)))
+        pairs.append((key, load_yaml(val)))
     convert_run(args.teacher, args.config, overrides=pairs, seed=args.seed, run_dir=args.run_dir, fresh=args.fresh)
     return 0
 

@@ -12,7 +12,8 @@ the names ``<family>/<task>/[<budget>/]<model>`` from ``_base.yaml``, ``_tasks/<
 fragments: never run alone, never listed. Any file may build on others with a ``defaults:`` list (merged first, in
 order; the file itself last).
 
-**Values.** Files are parsed with ``yaml.safe_load`` (the YAML 1.1 scalars the configs were always read with) and
+**Values.** Files are parsed with :func:`~primaldual.train.yaml_values.load_yaml` (the safe loader's YAML 1.1 scalars,
+plus floats spelled ``1e-3``; duplicate keys and alias bombs refused) and
 merged with ``OmegaConf.merge`` in its untyped mode (later wins; mappings merge key by key; lists and scalars are
 replaced; nothing is converted, so ``"7"`` stays a string for the validators to refuse). ``${a.b}`` references and
 ``???`` (a value a later file must set) are OmegaConf's. ``vars:`` holds values that are only referenced. One rule
@@ -31,6 +32,8 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationToMissingValueError, OmegaConfBaseException
+
+from .yaml_values import load_yaml
 
 __all__ = ["ComposeError", "Composition", "SearchPath", "compose"]
 
@@ -136,7 +139,7 @@ def not_found(spec: str, search: SearchPath) -> ComposeError:
 
 def read(path: Path) -> dict[str, Any]:
     try:
-        values = yaml.safe_load(path.read_text())
+        values = load_yaml(path.read_text())
     except (yaml.YAMLError, OSError) as e:
         what = "not valid YAML" if isinstance(e, yaml.YAMLError) else "cannot read"
         raise ComposeError(f"{path}: {what}: {e}") from None

@@ -43,6 +43,7 @@ from ..options import check_int, check_number
 from ..utils.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from .config import ConfigError, RunConfig, apply_overrides
 from .rundir import run_config
+from .yaml_values import load_yaml
 
 __all__ = [
     "CONVERT_ENTRIES",
@@ -171,7 +172,7 @@ def load_convert_config(spec: str, overrides: list[tuple[str, Any]] = ()) -> Con
     """Read a conversion config and apply ``(dotted key, value)`` overrides."""
     path = find_convert_config(spec)
     try:
-        values = yaml.safe_load(path.read_text()) or {}
+        values = load_yaml(path.read_text()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
     for key, value in overrides:
