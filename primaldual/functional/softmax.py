@@ -7,6 +7,7 @@ admissible key outputs exactly zero (never NaN), which is what fully padded rows
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -49,6 +50,13 @@ def allowed_mask(
         tri = torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)
         allowed = tri[None, None] if allowed is None else allowed & tri
     return allowed
+
+
+def _no_autocast(device_type: str) -> contextlib.AbstractContextManager:
+    """Autocast off on ``device_type`` (a no-op where autocast does not exist, e.g. the meta device)."""
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def softmax_attention(
@@ -106,16 +114,25 @@ def softmax_attention(
         allowed = allowed | ~has_key  # keep empty rows finite; they are zeroed below
 
     if not use_sdpa:
-        scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, Nq, Nk)
-        if allowed is not None:
-            scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-        weights = scores.softmax(-1)
-        if allowed is not None:
-            weights = weights.masked_fill(~allowed, 0.0)
-        if has_key is not None:
-            weights = weights * has_key
-        dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
-        out = torch.matmul(dropped, v)
+        half = q.dtype in (torch.float16, torch.bfloat16)
+        # half precision: q k^T in float32 (float16 overflows at inputs of a few hundred), autocast off so that it
+        # stays there; the weights return to the input dtype for the product with v, as SDPA's kernels do
+        ctx = _no_autocast(q.device.type) if half else contextlib.nullcontext()
+        with ctx:
+            scores = (
+                torch.matmul(q.float(), k.float().transpose(-2, -1)) if half else torch.matmul(q, k.transpose(-2, -1))
+            )
+            scores = scores * scale  # (B, H, Nq, Nk)
+            if allowed is not None:
+                scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+            weights = scores.softmax(-1)
+            if allowed is not None:
+                weights = weights.masked_fill(~allowed, 0.0)
+            if has_key is not None:
+                weights = weights * has_key
+            weights = weights.to(v.dtype)
+            dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+            out = torch.matmul(dropped, v)
         return out, (weights if need_weights else None)
 
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p, scale=scale)
