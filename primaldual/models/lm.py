@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from ..encoder import Encoder
 from ..options import check_bool, check_int, check_number
 
-__all__ = ["CausalLM", "LMState"]
+__all__ = ["GREEDY_BELOW", "CausalLM", "LMState"]
 
 
 class LMState(NamedTuple):
@@ -188,7 +188,8 @@ class CausalLM(nn.Module):
         Args:
             ids: ``(B, N)`` prompts; mask: ``(B, N)`` bool (True = real token; prompts of different lengths may be
                 padded on either side; they are left-aligned first). Every prompt needs one real token.
-            temperature: 0 is greedy (argmax); otherwise sample from ``softmax(logits / temperature)``.
+            temperature: 0 is greedy (argmax); otherwise sample from ``softmax(logits / temperature)``. Below
+                :data:`GREEDY_BELOW` (about 1.2e-38, float32's smallest normal number) it is greedy too.
             top_k: sample among the ``top_k`` most likely tokens only.
             eos_id: a sequence that produced it stops (later positions are padding, mask False, id ``eos_id``).
             seed: seeds a private generator (sampling does not touch the global RNG).
@@ -238,9 +239,19 @@ class CausalLM(nn.Module):
         return torch.cat(out_ids, 1), torch.cat(out_mask, 1)
 
 
+#: temperatures below this (float32's smallest normal number, about 1.2e-38) sample greedily: the division by them
+#: leaves float32 (1e-50 is 0 there, and 0 / 0 is NaN), and the sample they stand for is the argmax anyway
+GREEDY_BELOW = float(torch.finfo(torch.float32).tiny)
+
+
 def _sample(logits: Tensor, temperature: float, top_k: int | None, gen: torch.Generator | None) -> Tensor:
-    """Next token per row from ``logits`` ``(B, V)``: argmax at temperature 0, else a (top-k) softmax sample."""
-    if temperature == 0:
+    """Next token per row from ``logits`` ``(B, V)``: argmax at temperature 0 (and below :data:`GREEDY_BELOW`), else a
+    (top-k) softmax sample. Non-finite logits (a model with NaN weights) are an error, greedy decoding included."""
+    if not bool(torch.isfinite(logits).all()):
+        raise ValueError(
+            "generate: the model's next-token logits hold NaN or Inf; its weights or inputs are not finite"
+        )
+    if temperature < GREEDY_BELOW:
         return logits.argmax(-1)
     # max subtracted first: a tiny temperature scales to -inf / 0, not inf - inf (the sample tends to the argmax)
     logits = logits.float()

@@ -272,3 +272,18 @@ def test_hybrid_decoding_state_is_independent_of_the_context():
         return sum(s.window.length * s.window.k_buf.shape[-1] + s.primal.sum_q.numel() for s in state.layers)
 
     assert size(20) == size(200)
+
+
+def test_generate_refuses_non_finite_logits_and_tiny_temperatures_are_greedy():
+    from primaldual.models.lm import GREEDY_BELOW
+
+    model = _model("softmax")
+    ids, mask = _prompts()
+    greedy, _ = model.generate(ids, mask, max_new_tokens=4, temperature=0.0)
+    for t in (1e-50, 5e-324, GREEDY_BELOW / 2):
+        out, _ = model.generate(ids, mask, max_new_tokens=4, temperature=t, seed=0)
+        assert torch.equal(out, greedy), t
+    with torch.no_grad():
+        model.decoder.blocks[0].ffn.net[0].weight.fill_(float("nan"))
+    with pytest.raises(ValueError, match="logits hold NaN or Inf"):
+        model.generate(ids, mask, max_new_tokens=2, temperature=0.0)
