@@ -37,6 +37,7 @@ from .callbacks import AtomicCheckpointIO, EpochHistory, EpochSeed, StepTimer
 from .checkpoints import check_fits, load_checkpoint, resume_checkpoint
 from .config import ConfigError, RunConfig, load_config
 from .lock import RunLock
+from .logs import progress_bar, quiet_dependencies
 from .rundir import check_run_dir, default_run_dir, is_launcher_process, prepare_run_dir, run_config
 from .validate import check_machine
 
@@ -93,6 +94,7 @@ def _trainer(cfg: RunConfig, run_dir: Path, callbacks: list[L.Callback], logger:
         }
     else:
         when = {"max_epochs": t.max_epochs}
+    bar, bar_callbacks = progress_bar(t.enable_progress_bar)
     return L.Trainer(
         default_root_dir=run_dir,
         **when,
@@ -104,9 +106,9 @@ def _trainer(cfg: RunConfig, run_dir: Path, callbacks: list[L.Callback], logger:
         gradient_clip_val=t.gradient_clip_val,
         accumulate_grad_batches=t.accumulate_grad_batches,
         log_every_n_steps=t.log_every_n_steps,
-        enable_progress_bar=t.enable_progress_bar,
+        enable_progress_bar=bar,
         logger=logger if logger is not None else False,
-        callbacks=callbacks,
+        callbacks=[*callbacks, *bar_callbacks],
         plugins=[AtomicCheckpointIO()],
         use_distributed_sampler=False,  # the data module shards with a seeded DistributedSampler itself
         num_sanity_val_steps=0,  # keeps the RNG stream and logs identical between fresh and resumed runs
@@ -152,7 +154,7 @@ def fit(
     dm.prepare_data()
     dm.setup("fit")
     module = task.module(cfg, dm)
-    with lock.acquire(action) if launcher else contextlib.nullcontext():
+    with lock.acquire(action) if launcher else contextlib.nullcontext(), quiet_dependencies():
         prepare_run_dir(cfg, run_dir, fresh, verbose)
         if launcher:
             task.on_run_dir(cfg, dm, run_dir)

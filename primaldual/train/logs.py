@@ -1,0 +1,62 @@
+"""What a run prints: one line per epoch or evaluation, a progress bar only on a terminal, no banners or tips.
+
+* **Progress bar**: on a TTY (``trainer.enable_progress_bar``, the default), Lightning's rich bar where ``rich`` is
+  installed, else its tqdm bar. Off a TTY (``fit ... > log``) there is none: a bar redraws itself with carriage
+  returns, which a log file keeps (tens of kilobytes of them); the run's own lines (:class:`~.callbacks.EpochHistory`)
+  say the progress there.
+* **Lightning's informational lines** ("GPU available", "TPU available", the tip advertising a cloud logger,
+  "``Trainer.fit`` stopped", "Restoring states") are logged by ``lightning.pytorch.utilities.rank_zero`` at INFO:
+  that logger is raised to WARNING for the run, so its warnings still show.
+* **Known deprecation warnings of our dependencies** that a user cannot act on are filtered by message, for the
+  run only (:data:`DEPENDENCY_WARNINGS`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["DEPENDENCY_WARNINGS", "progress_bar", "quiet_dependencies"]
+
+#: (message regex, category) of dependency warnings filtered during a run: Lightning 2.6's own use of a torch
+#: ``_pytree`` API that torch deprecated
+DEPENDENCY_WARNINGS: tuple[tuple[str, type[Warning]], ...] = (
+    (r".*isinstance\(treespec, LeafSpec\)` is deprecated.*", Warning),
+)
+_LIGHTNING_INFO = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
+
+
+def progress_bar(enabled: bool, stream: Any = None) -> tuple[bool, list[Any]]:
+    """``(enable_progress_bar, callbacks)`` for the Trainer: a bar only when ``enabled`` and ``stream`` (default
+    stdout) is a terminal; rich's where installed."""
+    stream = sys.stdout if stream is None else stream
+    if not enabled or not getattr(stream, "isatty", lambda: False)():
+        return False, []
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        return True, []
+    from lightning.pytorch.callbacks import RichProgressBar
+
+    return True, [RichProgressBar()]
+
+
+@contextlib.contextmanager
+def quiet_dependencies() -> Iterator[None]:
+    """Lightning's informational lines and the known dependency warnings off, for the duration of a run."""
+    loggers = [logging.getLogger(name) for name in _LIGHTNING_INFO]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            for message, category in DEPENDENCY_WARNINGS:
+                warnings.filterwarnings("ignore", message=message, category=category)
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)

@@ -1,0 +1,44 @@
+"""What a run writes to a log file: its own lines, no carriage returns, banners, tips or dependency deprecations."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+
+from primaldual.train.logs import progress_bar
+
+from .helpers import env, fit_cmd
+
+
+def test_fit_to_a_log_file_is_its_own_lines_only(tmp_path, tiny_config):
+    log = tmp_path / "log"
+    with open(log, "w") as f:
+        res = subprocess.run(
+            fit_cmd(tiny_config(**{"trainer.max_epochs": 2}), tmp_path / "run", "--threads", "1"),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=env(),
+            timeout=300,
+        )
+    text = log.read_text()
+    assert res.returncode == 0, text[-3000:]
+    assert "\r" not in text
+    for noise in ("GPU available", "TPU available", "Tip", "deprecated", "LeafSpec", "`Trainer.fit` stopped"):
+        assert noise not in text, noise
+    assert "epoch 1/2" in text and "epoch 2/2" in text
+
+
+class _Stream(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def test_a_progress_bar_only_on_a_terminal():
+    assert progress_bar(True, _Stream(False)) == (False, [])
+    assert progress_bar(False, _Stream(True)) == (False, [])
+    enabled, callbacks = progress_bar(True, _Stream(True))
+    assert enabled and len(callbacks) <= 1  # rich's bar where rich is installed, else Lightning's default
