@@ -31,6 +31,16 @@ CASES = [
     (["data", "fetch", "english", "--vocab-size", "0"], "--vocab-size must be an int >= 257"),
     (["fit", "-c", "vision/fashion_mnist/reduced/primal_plus", "--trainer.max_epochs", "2"], "trainer.max_epochs"),
     (["fit", "-c", "uea/JapaneseVowels/transformer", "--run-dir", ""], "--run-dir: empty"),
+    (["bench", "generate", "--heads", "3", "--dim", "16"], "--heads: 3 heads do not divide --dim 16"),
+    (["bench", "generate", "--device", "banana"], "--device: expected a torch device"),
+    (["bench", "generate", "--threads", "-1"], "--threads: expected 0"),
+    (["bench", "generate", "--mem-limit-gb", "-1"], "--mem-limit-gb: expected a positive"),
+    (["fit", "-c", "uea/default", "--optim.lr", "fast"], "optim.lr"),
+    (["fit", "-c", "uea/default", "--model.dim", "[unclosed"], "--model.dim: '[unclosed' is not a valid YAML value"),
+    (["fit", "-c", "uea/default", "--name", "a\x01b"], "--name: 'a\\x01b' is not a valid YAML value"),
+    (["fit", "-c", "uea/default", "--model.dim", "1000000000000"], "model.dim must be an int"),
+    (["fit", "-c", "uea/default", "--optim.lr", "1e-3", "--print-config", "--trainer.max_epochs", "x"], "max_epochs"),
+    (["convert", "nowhere", "-c", "lm/english/convert/primal_plus"], "run directory nowhere not found"),
 ]
 
 

@@ -220,6 +220,20 @@ def run_from_args(args: argparse.Namespace) -> int:
             raise ValueError(f"{flag}: expected a positive int, got {value}")
     if args.vocab < 2:
         raise ValueError(f"--vocab: expected at least 2 ids (the last is GPT-2's end-of-sequence id), got {args.vocab}")
+    if args.dim % args.heads:
+        raise ValueError(f"--heads: {args.heads} heads do not divide --dim {args.dim}")
+    if args.threads < 0:
+        raise ValueError(f"--threads: expected 0 (torch's default) or a positive int, got {args.threads}")
+    if not args.mem_limit_gb > 0:
+        raise ValueError(f"--mem-limit-gb: expected a positive number of GiB, got {args.mem_limit_gb}")
+    import torch
+
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        raise ValueError(f"--device: expected a torch device such as cpu or cuda:0, got {args.device!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device: cuda was asked for but no CUDA device is available")
     out = Path(args.out)
     records = run_generate(
         models,

@@ -145,6 +145,9 @@ def _generate_d4rl(args: argparse.Namespace) -> int:
         raise SystemExit(str(e)) from None
     from ..recipes.d4rl import LABEL, generate_d4rl
 
+    for flag, value in (("--eval-every", args.eval_every), ("--eval-episodes", args.eval_episodes)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag}: expected a positive int, got {value}")
     t0 = time.perf_counter()
     out, meta = generate_d4rl(
         args.env,

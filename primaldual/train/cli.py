@@ -174,7 +174,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     from .config import ConfigError
     from .convert import convert_run
     from .run import set_threads
-    from .yaml_values import load_yaml
+    from .yaml_values import override_value
 
     set_threads(args.threads)
     pairs = []
@@ -188,7 +188,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             if not rest:
                 raise ConfigError(f"override --{key} needs a value")
             val = rest.pop(0)
-        pairs.append((key, load_yaml(val)))
+        pairs.append((key, override_value(val, f"--{key}")))
     convert_run(args.teacher, args.config, overrides=pairs, seed=args.seed, run_dir=args.run_dir, fresh=args.fresh)
     return 0
 

@@ -40,7 +40,7 @@ from .schema import (
     ScheduleConfig,
     TrainerConfig,
 )
-from .yaml_values import load_yaml
+from .yaml_values import override_value
 
 __all__ = [
     "ConfigError",
@@ -186,7 +186,7 @@ def _parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
             if i + 1 >= len(args):
                 raise ConfigError(f"override --{key} needs a value")
             val, i = args[i + 1], i + 1
-        pairs.append((key, load_yaml(val) if val != "" else None))
+        pairs.append((key, override_value(val, f"--{key}") if val != "" else None))
         i += 1
     return pairs
 

@@ -45,6 +45,10 @@ _COMMON_STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork", "single_device")
 _SEED_MAX = 2**32 - 1  # the range Lightning's seed_everything accepts (outside it, it draws a random seed)
 
 
+#: the largest model.dim (and num_heads; ffn_dim: 4x) and model.depth a config may ask for
+MAX_WIDTH, MAX_DEPTH = 65_536, 1_024
+
+
 def lightning_precisions() -> tuple[Any, ...]:
     """The ``trainer.precision`` values the installed Lightning accepts (strings and ints)."""
     from typing import get_args
@@ -136,10 +140,12 @@ def validate_config(cfg: RunConfig) -> None:
         raise ConfigError(f"model.positions: expected 'learned' or 'sinusoidal', got {m.positions!r}")
     if m.pooling not in ("mean", "cls"):
         raise ConfigError(f"model.pooling: expected 'mean' or 'cls', got {m.pooling!r}")
-    check_int("model.dim", m.dim, low=1)
-    check_int("model.depth", m.depth, low=1)
-    check_int("model.num_heads", m.num_heads, low=1)
-    check_int("model.ffn_dim", m.ffn_dim, low=1)
+    # upper bounds far above any model a run trains (GPT-3's width is 12,288), so that a typo such as an extra
+    # three zeros is a one-line error here, not an allocator's overflow after the data is loaded
+    check_int("model.dim", m.dim, low=1, high=MAX_WIDTH)
+    check_int("model.depth", m.depth, low=1, high=MAX_DEPTH)
+    check_int("model.num_heads", m.num_heads, low=1, high=MAX_WIDTH)
+    check_int("model.ffn_dim", m.ffn_dim, low=1, high=4 * MAX_WIDTH)
     check_number("model.dropout", m.dropout, low=0, high=1, high_open=True)
     check_int("model.vocab_size", m.vocab_size, low=1, allow_none=True)
     check_int("model.num_classes", m.num_classes, low=2, allow_none=True)

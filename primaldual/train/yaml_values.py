@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["MAX_EXPANDED_NODES", "ConfigLoader", "YAMLValueError", "load_yaml"]
+__all__ = ["MAX_EXPANDED_NODES", "ConfigLoader", "YAMLValueError", "load_yaml", "override_value"]
 
 #: the most nodes one document may expand to through its aliases (configs hold a few hundred)
 MAX_EXPANDED_NODES = 100_000
@@ -87,3 +87,15 @@ ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXP_FLOAT, list("
 def load_yaml(text: str) -> Any:
     """Parse ``text`` with :class:`ConfigLoader` (raises :class:`yaml.YAMLError` subclasses)."""
     return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 - ConfigLoader is a SafeLoader
+
+
+def override_value(text: str, flag: str) -> Any:
+    """The value of a command-line override ``--flag text``, parsed as YAML; a malformed one (an unclosed bracket, a
+    control character) is a :class:`~primaldual.train.errors.ConfigError` naming the flag."""
+    from .errors import ConfigError
+
+    try:
+        return load_yaml(text)
+    except yaml.YAMLError as e:
+        reason = " ".join(str(e).split())[:160]
+        raise ConfigError(f"{flag}: {text!r} is not a valid YAML value ({reason})") from None
