@@ -9,7 +9,7 @@ A conversion config (YAML; shipped ones are named ``lm/<corpus>/convert/<name>``
     init: teacher                    # teacher (KSVD + least squares) | random (the layers' own)
     calibration_batches: 4           # training batches the initialisation is computed on
     stage1: {tokens: 409600, lr: 0.0003}
-    stage2: {tokens: 819200, lr: 0.0002, warmup_steps: 20, decay: cosine}
+    stage2: {tokens: 819200, lr: 0.0002, warmup_steps: 20, decay: cosine, kl: 0.0}
 
 The teacher is a ``CausalLM`` run directory (its ``config.yaml`` and best checkpoint, read in the safe mode). The
 student's run config is the teacher's with the converted layers' attention, the stage-2 optimiser settings and
@@ -71,12 +71,14 @@ class Stage1:
 
 @dataclass
 class Stage2:
-    """End-to-end LM training of the converted model: ``tokens``, AdamW at ``lr``, the schedule."""
+    """End-to-end LM training of the converted model: ``tokens``, AdamW at ``lr``, the schedule, and ``kl``: the weight
+    of ``KL(teacher || model)`` over the target tokens added to the loss (0: the LM loss alone)."""
 
     tokens: int = 819_200
     lr: float = 2e-4
     warmup_steps: int = 20
     decay: str = "cosine"
+    kl: float = 0.0
 
 
 @dataclass
@@ -113,6 +115,7 @@ class ConvertConfig:
             check_int("stage2.tokens", self.stage2.tokens, low=1)
             check_number("stage2.lr", self.stage2.lr, low=0.0, low_open=True)
             check_int("stage2.warmup_steps", self.stage2.warmup_steps, low=0)
+            check_number("stage2.kl", self.stage2.kl, low=0.0)
         except (TypeError, ValueError) as e:
             raise ConfigError(str(e)) from None
         if self.student == "window" and (self.stage1.tokens or self.init != "teacher"):
@@ -338,9 +341,12 @@ def convert_run(
             f"{run_dir} holds another conversion ({saved}); pass --fresh to start over there or another --run-dir"
         )
 
-    def before_training(module: Any, rd: Path) -> None:
-        atomic_write_text(rd / "convert.yaml", text)
-        _stage1(conv, teacher, module.model, dm, cfg, rd, verbose)
+    def before_training(module: Any, rd: Path, resuming: bool) -> None:
+        if not resuming:
+            atomic_write_text(rd / "convert.yaml", text)
+            _stage1(conv, teacher, module.model, dm, cfg, rd, verbose)
+        if conv.stage2.kl > 0:
+            module.distill_from(teacher, conv.stage2.kl)
 
     summary = fit(cfg, run_dir, fresh=fresh, verbose=verbose, before_training=before_training)
     stage1 = json.loads((run_dir / "convert" / "stage1.json").read_text())

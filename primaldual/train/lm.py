@@ -208,6 +208,11 @@ class LanguageModelModule(ClassificationModule):
 
     def _nll(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         """Summed token NLL (float32) and the number of target tokens of a batch."""
+        nll, count, _, _ = self._forward_nll(batch)
+        return nll, count
+
+    def _forward_nll(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """``(summed NLL, target count, logits (B, T, V), mask (B, T) or None)`` of a batch."""
         ids, targets = batch
         real = targets != IGNORE_INDEX  # (B, T); padding only at the end of the split's last chunk
         mask = None if bool(real.all()) else real
@@ -218,15 +223,38 @@ class LanguageModelModule(ClassificationModule):
             ignore_index=IGNORE_INDEX,
             reduction="sum",
         )
-        return nll, real.sum()
+        return nll, real.sum(), logits, mask
+
+    def distill_from(self, teacher: nn.Module, weight: float) -> None:
+        """Add ``weight * KL(teacher || model)`` over the target tokens to the training loss (``primaldual convert``'s
+        stage 2). The teacher is kept out of the module's parameters, state dict and checkpoints, in eval mode and
+        without gradients; it follows the module to its device at the start of training."""
+        check_number("kl weight", weight, low=0.0, low_open=True)
+        for p in teacher.parameters():
+            p.requires_grad_(False)
+        self.__dict__["_distill"] = (teacher.eval(), float(weight))
+
+    def on_fit_start(self) -> None:
+        distill = self.__dict__.get("_distill")
+        if distill is not None:
+            distill[0].to(self.device)
 
     def training_loss(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> tuple[Tensor, Tensor, Tensor | None, None]:
         """``(loss, task loss, aux loss or None, None)`` of one training batch (no accuracy for a language model): the
         training step without logging (``primaldual bench steps`` times it)."""
-        nll, count = self._nll(batch)
+        nll, count, logits, mask = self._forward_nll(batch)
         task = nll / count.clamp_min(1)
         aux, self.aux_parts = collect_aux_loss_parts(self.model)
         loss = task if aux is None else task + aux
+        distill = self.__dict__.get("_distill")
+        if distill is not None:
+            teacher, weight = distill
+            with torch.no_grad():
+                target = teacher(batch[0], mask).float().log_softmax(-1)  # (B, T, V)
+            kl = F.kl_div(logits.float().log_softmax(-1), target, log_target=True, reduction="none").sum(-1)  # (B, T)
+            kl = kl.mean() if mask is None else kl[mask].mean()
+            self.aux_parts = {**self.aux_parts, "kl": kl.detach()}
+            loss = loss + weight * kl
         return loss, task, aux, None
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
@@ -236,6 +264,8 @@ class LanguageModelModule(ClassificationModule):
         self.log("train/task_loss", task, on_step=False, on_epoch=True, **kw)
         self.log("train/aux_loss", 0.0 if aux is None else aux.detach(), on_step=False, on_epoch=True, **kw)
         log_ksvd(self, kw)
+        if "kl" in self.aux_parts:
+            self.log("train/kl", self.aux_parts["kl"], on_step=False, on_epoch=True, **kw)
         return loss
 
     # evaluation: exact split totals, not means of batch means

@@ -122,16 +122,17 @@ def fit(
     *,
     fresh: bool = False,
     verbose: bool = True,
-    before_training: Callable[[L.LightningModule, Path], None] | None = None,
+    before_training: Callable[[L.LightningModule, Path, bool], None] | None = None,
 ) -> dict[str, Any]:
     """Train (or resume) one run and return its summary (also written to ``summary.json``).
 
     Args:
         cfg: the resolved config. run_dir: default :func:`default_run_dir`. fresh: delete the run dir first.
         verbose: per-epoch lines and the final report on stdout (rank 0).
-        before_training: ``f(module, run_dir)``, called under the run's lock once the run directory is prepared, when
-            there is no checkpoint to resume (a fresh start): it may set the model's weights (``primaldual convert``
-            starts stage 2 from its stage-1 weights this way) and write its own entries. Lightning tasks only.
+        before_training: ``f(module, run_dir, resuming)``, called under the run's lock once the run directory is
+            prepared, before training (``resuming``: a checkpoint will be restored over the module's weights). On a
+            fresh start it may set the model's weights (``primaldual convert`` starts stage 2 from its stage-1 weights
+            this way) and write its own entries. Lightning tasks only.
     """
     # before the data and the lock: a directory that is not ours is never touched
     run_dir = check_run_dir(run_dir if run_dir is not None else default_run_dir(cfg), fresh)
@@ -168,13 +169,13 @@ def _fit(
     dm: Any,
     module: L.LightningModule,
     verbose: bool,
-    before_training: Callable[[L.LightningModule, Path], None] | None = None,
+    before_training: Callable[[L.LightningModule, Path, bool], None] | None = None,
 ):
     task = get_task(cfg.task)
     note = (lambda msg: print(msg, flush=True)) if verbose and is_launcher_process() else (lambda msg: None)
     resume = resume_checkpoint(run_dir, note)
-    if resume is None and before_training is not None and is_launcher_process():
-        before_training(module, run_dir)
+    if before_training is not None and is_launcher_process():
+        before_training(module, run_dir, resume is not None)
     every = "val" if cfg.step_based else "epoch"
     history = EpochHistory(run_dir, protocol, dm.eval_splits, verbose=verbose, every=every, metrics=task.metrics)
     # Monitor-less top-1 under the fixed name "last": one file, replaced (atomically) after every epoch

@@ -43,6 +43,7 @@ def _convert_cmd(teacher, run_dir, *extra: str) -> list[str]:
 
 def _tiny(student: str) -> list[str]:
     opts = {"s": 4, "eta": 0.1} if student == "primal" else {"window": 6, "sinks": 1, "s": 4}
+    kl = [] if student == "primal" else ["--stage2.kl", "0.5"]  # the hybrid's stage 2 also distils
     return [
         "-c",
         f"lm/english/convert/{'primal_plus' if student == 'primal' else 'hybrid'}",
@@ -54,6 +55,7 @@ def _tiny(student: str) -> list[str]:
         "640",
         "--options",
         json.dumps(opts),
+        *kl,
     ]
 
 
@@ -175,3 +177,32 @@ def test_shipped_conversion_configs_load():
     for name in ("primal_plus", "primalformer", "hybrid", "window"):
         conv = load_convert_config(f"lm/english/convert/{name}")
         assert conv.stage1.tokens + conv.stage2.tokens <= 12_288_000 // 10  # at most 10% of the medium teacher's
+
+
+def test_stage2_kl_to_the_teacher_is_zero_for_an_identical_teacher_and_kept_out_of_the_state():
+    import copy
+
+    from primaldual.models import CausalLM
+    from primaldual.train.config import OptimConfig
+    from primaldual.train.lm import LanguageModelModule
+
+    torch.manual_seed(0)
+    model = CausalLM(40, 16, dim=16, depth=2, num_heads=2, ffn_dim=32, dropout=0.0).double()
+    module = LanguageModelModule(model, OptimConfig(name="adamw", lr=1e-3))
+    ids = torch.randint(0, 40, (3, 12))
+    batch = (ids[:, :-1], ids[:, 1:])
+    plain, task, _, _ = module.training_loss(batch, 0)
+    module.distill_from(copy.deepcopy(model), 0.5)
+    same, _, _, _ = module.training_loss(batch, 0)
+    assert float(module.aux_parts["kl"]) == pytest.approx(0.0, abs=1e-12)
+    torch.testing.assert_close(same, plain)
+    other = CausalLM(40, 16, dim=16, depth=2, num_heads=2, ffn_dim=32, dropout=0.0).double()
+    module.distill_from(other, 0.5)
+    loss, _, _, _ = module.training_loss(batch, 0)
+    assert float(module.aux_parts["kl"]) > 0 and float(loss) == pytest.approx(
+        float(task) + 0.5 * float(module.aux_parts["kl"])
+    )
+    assert set(module.state_dict()) == {f"model.{k}" for k in model.state_dict()}  # the teacher is not saved
+    assert not any(p is q for p in module.parameters() for q in other.parameters())
+    with pytest.raises(ValueError, match="kl weight"):
+        module.distill_from(other, 0.0)
