@@ -30,6 +30,7 @@ __all__ = [
     "SAFE_GLOBALS",
     "CheckpointError",
     "check_fits",
+    "corrupt_copy_path",
     "keep_previous",
     "load_checkpoint",
     "previous_path",
@@ -114,6 +115,18 @@ def check_fits(module: torch.nn.Module, ckpt: dict[str, Any], path: str | os.Pat
         raise CheckpointError(f"{path} does not fit the model of {config} ({what}); it was trained with another config")
 
 
+def corrupt_copy_path(path: str | os.PathLike) -> Path:
+    """Where a corrupt ``path`` is kept: ``<name>.corrupt``, or ``<name>.corrupt.1``, ``.2``, ... when earlier copies
+    exist (none is ever replaced)."""
+    path = Path(path)
+    kept = path.with_name(path.name + ".corrupt")
+    n = 0
+    while kept.exists() or kept.is_symlink():
+        n += 1
+        kept = path.with_name(f"{path.name}.corrupt.{n}")
+    return kept
+
+
 def previous_path(path: str | os.PathLike) -> Path:
     """``.../last.ckpt`` -> ``.../last.prev.ckpt``."""
     path = Path(path)
@@ -177,10 +190,9 @@ def resume_checkpoint(
                 ) from None
         else:
             if problem is not None:
-                os.replace(last, last.with_name(last.name + ".corrupt"))
-                note(
-                    f"{problem}\nresuming from the previous checkpoint {prev} (the bad file is kept as last.ckpt.corrupt)"
-                )
+                kept = corrupt_copy_path(last)
+                os.replace(last, kept)
+                note(f"{problem}\nresuming from the previous checkpoint {prev} (the bad file is kept as {kept.name})")
             return prev
     if problem is not None:
         raise CheckpointError(

@@ -36,3 +36,21 @@ def test_resume_after_sigkill_matches_uninterrupted(tmp_path, tiny_config):
     b = torch.load(dir_ / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert len(list((dir_ / "logs").iterdir())) == 2  # one CSV log per attempt; none overwritten
+
+
+def test_a_second_corrupt_last_checkpoint_keeps_the_first_corrupt_copy(tmp_path):
+    import torch
+
+    from primaldual.train.checkpoints import corrupt_copy_path, resume_checkpoint
+
+    ck = tmp_path / "checkpoints"
+    ck.mkdir()
+    torch.save({"state_dict": {}}, ck / "last.prev.ckpt")
+    (ck / "last.ckpt.corrupt").write_bytes(b"the first bad copy")
+    for n, content in enumerate((b"second", b"third"), start=1):
+        (ck / "last.ckpt").write_bytes(content)
+        notes = []
+        assert resume_checkpoint(tmp_path, notes.append) == ck / "last.prev.ckpt"
+        assert (ck / f"last.ckpt.corrupt.{n}").read_bytes() == content and f"last.ckpt.corrupt.{n}" in notes[0]
+    assert (ck / "last.ckpt.corrupt").read_bytes() == b"the first bad copy"
+    assert corrupt_copy_path(ck / "last.ckpt") == ck / "last.ckpt.corrupt.3"
