@@ -12,9 +12,11 @@ locked.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import socket
+import stat
 import sys
 import time
 from pathlib import Path
@@ -25,9 +27,13 @@ try:
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["LOCK_NAME", "RunLock", "RunLockedError"]
+__all__ = ["LOCK_NAME", "LockFileError", "RunLock", "RunLockedError"]
 
 LOCK_NAME = "run.lock"
+
+
+class LockFileError(ValueError):
+    """``run.lock`` exists but is not a regular file (a symlink, a FIFO): refused, never followed or replaced."""
 
 
 class RunLockedError(FileExistsError):
@@ -81,7 +87,7 @@ class RunLock:
         if self._fd is not None:
             return self._record()
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = self._open(os.O_RDONLY)
         except FileNotFoundError:
             return None
         try:
@@ -93,6 +99,28 @@ class RunLock:
             return None
         finally:
             os.close(fd)
+
+    def _open(self, flags: int) -> int:
+        """Open the lock file without following a symlink or blocking on a FIFO; anything but a regular file (a
+        symlink, a FIFO, a directory) is refused, so the lock never writes into a file that is not its own."""
+        extra = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        try:
+            fd = os.open(self.path, flags | extra, 0o644)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                raise LockFileError(self._not_a_file()) from None
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise LockFileError(self._not_a_file())
+        return fd
+
+    def _not_a_file(self) -> str:
+        return (
+            f"{self.path} is not a regular file (a symlink, a FIFO or a directory): primaldual writes its lock record "
+            "into that name and will not follow or replace something it did not create; remove it, or pass another "
+            "--run-dir"
+        )
 
     def _message(self, info: dict[str, Any], action: str) -> str:
         pid = info.get("pid", "unknown")
@@ -133,7 +161,7 @@ class RunLock:
         if fcntl is None:  # pragma: no cover - Windows
             return self
         for _ in range(10):
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self._open(os.O_RDWR | os.O_CREAT)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

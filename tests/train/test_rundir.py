@@ -95,3 +95,27 @@ def test_a_run_written_before_a_key_existed_resumes_with_it_at_its_default(tmp_p
     (run_dir / "config.yaml").write_text(yaml.safe_dump(old, sort_keys=False))
     with pytest.raises(ConfigError, match="different config"):
         prepare_run_dir(load_config("rl/hopper-medium/dt", ["--model.init", "gpt2"]), run_dir, False, False)
+
+
+@pytest.mark.parametrize("kind", ["symlink", "dangling", "fifo"])
+def test_a_run_lock_that_is_not_a_regular_file_is_refused_and_never_followed(tmp_path, tiny_config, capsys, kind):
+    import os
+
+    from primaldual.cli import main
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    lock = run_dir / "run.lock"
+    if kind == "symlink":
+        lock.symlink_to(notes)
+    elif kind == "dangling":
+        lock.symlink_to(tmp_path / "made_by_the_lock")
+    else:
+        os.mkfifo(lock)
+    rc = main(["fit", "--config", str(tiny_config()), "--run-dir", str(run_dir)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "is not a regular file" in err[0], err
+    assert notes.read_text() == "my notes\n" and not (tmp_path / "made_by_the_lock").exists()
+    assert sorted(p.name for p in run_dir.iterdir()) == ["run.lock"]
