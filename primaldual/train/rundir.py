@@ -12,18 +12,22 @@ Run directory (default ``runs/<task>/<dataset>/<name>-<protocol>-seed<k>-<config
     summary.json           the result (protocol label, best epoch or step, test accuracy or perplexity, ...)
     tokenizer.json / dict.txt   language models: the run's tokenizer (for ``primaldual generate``)
     convert.yaml, convert/      a conversion's record and stage 1 (``primaldual convert``, :mod:`.convert`)
+    analysis/              ``primaldual analyze RUN``'s spectra and head redundancy of this run
     .primaldual-run        the mark: primaldual created this directory (its version and the time)
 
 primaldual deletes or replaces files only in a directory it marked, and only its own entries (the names above). A
 directory that holds anything else (a project folder given as ``--run-dir``, a ``config.yaml`` of another tool) is
 refused before anything in it is touched, ``--fresh`` included. A run directory written before the mark existed
-(only the names above, a ``config.yaml`` among them) is adopted and marked.
+(only the names above, a ``config.yaml`` among them) is adopted and marked. Temporary files of primaldual's atomic
+writes that a killed run left (``.<name>.<random>.tmp`` beside an entry above, or beside a checkpoint) are its own
+too: the next ``fit`` deletes them, under the lock, before it starts.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -50,7 +54,17 @@ OWN = {
     "dict.txt",
     "convert.yaml",
     "convert",
+    "analysis",
 }
+# what primaldual's atomic writes leave when a run is killed mid-write: ``.<name>.<random>.tmp`` beside ``<name>``
+# (:func:`~primaldual.utils.io.atomic_write_bytes`, the checkpoint rotation's ``.<name>.<pid>.tmp``)
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.[A-Za-z0-9_]+\.tmp$")
+
+
+def _own_temporary(name: str, own: set[str] | None = None) -> bool:
+    """Whether ``name`` is a leftover temporary file of an atomic write of one of ``own`` (default :data:`OWN`)."""
+    m = _TEMPORARY.match(name)
+    return bool(m) and (own is None and m["name"] in OWN or own is not None and m["name"] in own)
 
 
 def default_run_dir(cfg: RunConfig, base: str | os.PathLike = "runs") -> Path:
@@ -73,7 +87,11 @@ def _has_progress(run_dir: Path) -> bool:
 
 def _foreign(run_dir: Path) -> list[str]:
     """The entries of ``run_dir`` that primaldual does not write (sorted names)."""
-    return sorted(p.name for p in run_dir.iterdir() if p.name not in OWN and not p.name.startswith(LOCK_NAME))
+    return sorted(
+        p.name
+        for p in run_dir.iterdir()
+        if p.name not in OWN and not p.name.startswith(LOCK_NAME) and not (_own_temporary(p.name) and p.is_file())
+    )
 
 
 def check_run_dir(run_dir: str | os.PathLike, fresh: bool = False) -> Path:
@@ -133,14 +151,31 @@ def _clear_run_dir(run_dir: Path) -> None:
             p.unlink()
 
 
+def _remove_leftovers(run_dir: Path) -> None:
+    """Delete the temporary files that a run killed during an atomic write left (only primaldual's own pattern, only
+    regular files): at the top level and in ``checkpoints/``."""
+    ck = run_dir / "checkpoints"
+    checkpoints = (
+        {p.name for p in ck.iterdir()} | {"last.ckpt", "last.prev.ckpt", "best.ckpt"} if ck.is_dir() else set()
+    )
+    for folder, own in ((run_dir, None), (ck, checkpoints)):
+        if not folder.is_dir() or folder.is_symlink():
+            continue
+        for p in folder.iterdir():
+            if _own_temporary(p.name, own) and p.is_file() and not p.is_symlink():
+                p.unlink()
+
+
 def prepare_run_dir(cfg: RunConfig, run_dir: Path, fresh: bool, verbose: bool) -> None:
-    """``--fresh`` clearing and ``config.yaml`` (written, or compared with the one there). The caller holds the lock."""
+    """``--fresh`` clearing and ``config.yaml`` (written, or compared with the one there), after removing the
+    temporary files of a killed attempt's atomic writes. The caller holds the lock."""
     text = dump_config(cfg)
     launcher = is_launcher_process()
     check_run_dir(run_dir, fresh)
     if launcher:
         run_dir.mkdir(parents=True, exist_ok=True)
         _mark(run_dir)
+        _remove_leftovers(run_dir)
     if fresh and launcher:
         _clear_run_dir(run_dir)
     saved = run_dir / "config.yaml"

@@ -119,3 +119,29 @@ def test_a_run_lock_that_is_not_a_regular_file_is_refused_and_never_followed(tmp
     assert rc == 2 and len(err) == 1 and "is not a regular file" in err[0], err
     assert notes.read_text() == "my notes\n" and not (tmp_path / "made_by_the_lock").exists()
     assert sorted(p.name for p in run_dir.iterdir()) == ["run.lock"]
+
+
+def test_a_killed_writes_temporary_files_and_analysis_are_the_runs_own(tmp_path, tiny_config, capsys):
+    from primaldual.cli import main
+
+    cfg = str(tiny_config())
+    run_dir = tmp_path / "run"
+    assert main(["fit", "--config", cfg, "--run-dir", str(run_dir)]) == 0
+    left = [
+        run_dir / ".history.csv.k3j_x9a1.tmp",
+        run_dir / ".config.yaml.ab12cd34.tmp",
+        run_dir / "checkpoints" / ".last.ckpt.q1w2e3r4.tmp",
+        run_dir / "checkpoints" / ".last.prev.ckpt.4242.tmp",
+    ]
+    for p in left:
+        p.write_bytes(b"partial")
+    (run_dir / "analysis").mkdir()
+    (run_dir / "analysis" / "analysis.json").write_text("{}")
+    capsys.readouterr()
+    assert main(["fit", "--config", cfg, "--run-dir", str(run_dir)]) == 0
+    assert not any(p.exists() for p in left)
+    assert (run_dir / "analysis" / "analysis.json").read_text() == "{}"
+    mine = run_dir / ".notes.tmp"  # a user's file that only looks temporary is foreign: refused, kept
+    mine.write_text("mine")
+    assert main(["fit", "--config", cfg, "--run-dir", str(run_dir)]) == 2
+    assert "not a primaldual run directory" in capsys.readouterr().err and mine.read_text() == "mine"
