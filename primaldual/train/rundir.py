@@ -94,6 +94,19 @@ def _foreign(run_dir: Path) -> list[str]:
     )
 
 
+def _has_checkpoint(run_dir: Path) -> bool:
+    ck = run_dir / "checkpoints"
+    return any((ck / n).is_file() for n in ("last.ckpt", "last.prev.ckpt", "best.ckpt"))
+
+
+def _not_a_record(run_dir: Path, entries: list[Path]) -> str:
+    shown = ", ".join(sorted(p.name for p in entries)[:5])
+    return (
+        f"{run_dir} is not a primaldual run directory: it holds {shown} but no mark ({MARK}) and no full run record "
+        "(a config.yaml and a checkpoint), so nothing in it is touched. Pass a new or empty --run-dir"
+    )
+
+
 def check_run_dir(run_dir: str | os.PathLike, fresh: bool = False) -> Path:
     """Refuse a run directory primaldual may not write to (before anything in it is touched); return it as a Path.
 
@@ -116,14 +129,22 @@ def check_run_dir(run_dir: str | os.PathLike, fresh: bool = False) -> Path:
         )
     entries = [p for p in run_dir.iterdir() if not p.name.startswith(LOCK_NAME)]
     saved = run_dir / "config.yaml"
-    if entries and not (run_dir / MARK).is_file() and saved.is_file():
-        try:  # a run directory from before the mark is adopted; another tool's config.yaml is never replaced
+    if entries and not (run_dir / MARK).is_file():
+        # a run directory from before the mark is adopted only with a full run record (a config.yaml primaldual can
+        # read and a checkpoint): a folder of the user's own history.csv, summary.json or config.yaml is never taken
+        try:
             load_config(saved)
         except (ConfigError, OSError) as e:
-            raise ConfigError(
-                f"{run_dir} holds a config.yaml that primaldual did not write ({str(e).splitlines()[0][:200]}); "
-                "nothing in it was touched. Pass a new or empty --run-dir"
-            ) from None
+            if saved.is_file():
+                raise ConfigError(
+                    f"{run_dir} holds a config.yaml that primaldual did not write ({str(e).splitlines()[0][:200]}); "
+                    "nothing in it was touched. Pass a new or empty --run-dir"
+                ) from None
+            if not fresh:
+                raise ConfigError(_not_a_record(run_dir, entries)) from None
+        else:
+            if not _has_checkpoint(run_dir):
+                raise ConfigError(_not_a_record(run_dir, entries))
     if fresh and entries and not (run_dir / MARK).is_file() and not saved.is_file():
         raise ConfigError(
             f"--fresh refused: {run_dir} is not a run directory primaldual created (no {MARK} and no config.yaml), "

@@ -145,7 +145,8 @@ def test_failed_attempt_without_checkpoint_does_not_block_the_corrected_command(
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     wrong = load_config(tiny_config(**{"model.dim": 12}))
-    (run_dir / "config.yaml").write_text(dump_config(wrong))  # what an attempt that died before epoch 1 leaves
+    (run_dir / "config.yaml").write_text(dump_config(wrong))  # what an attempt that died before epoch 1 leaves:
+    (run_dir / ".primaldual-run").write_text("{}\n")  # its config and the mark (unmarked, the folder is refused)
     cfg = tiny_config(**{"trainer.max_epochs": 1})
     assert main(["fit", "--config", str(cfg), "--run-dir", str(run_dir)]) == 0
     assert "left no checkpoint; starting over" in capsys.readouterr().out

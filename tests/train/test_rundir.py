@@ -71,6 +71,8 @@ def test_a_run_directory_from_before_the_mark_is_adopted(tmp_path, tiny_config):
     run_dir = tmp_path / "old"
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text(tiny_config().read_text())
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"progress")  # a full record: a config and a checkpoint
     prepare_run_dir(cfg, run_dir, fresh=True, verbose=False)
     assert (run_dir / MARK).is_file() and (run_dir / "config.yaml").is_file()
 
@@ -145,3 +147,20 @@ def test_a_killed_writes_temporary_files_and_analysis_are_the_runs_own(tmp_path,
     mine.write_text("mine")
     assert main(["fit", "--config", cfg, "--run-dir", str(run_dir)]) == 2
     assert "not a primaldual run directory" in capsys.readouterr().err and mine.read_text() == "mine"
+
+
+@pytest.mark.parametrize("files", [["history.csv"], ["summary.json"], ["config.yaml", "logs/mine.txt"]])
+def test_an_unmarked_folder_without_a_full_run_record_is_never_adopted(tmp_path, tiny_config, capsys, files):
+    from primaldual.cli import main
+
+    cfg = tiny_config()
+    run_dir = tmp_path / "e"
+    for name in files:
+        (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (run_dir / name).write_text(cfg.read_text() if name == "config.yaml" else "mine\n")
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    for extra in ([], ["--fresh"]):
+        assert main(["fit", "--config", str(cfg), "--run-dir", str(run_dir), *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "nothing in it" in err[0], err
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
