@@ -60,7 +60,7 @@ def _tiny(student: str) -> list[str]:
 
 
 @pytest.mark.parametrize("student", ["primal", "hybrid"])
-def test_convert_writes_a_run_directory_that_resumes_generates_and_loads(tmp_path, teacher_run, student):
+def test_convert_writes_a_run_directory_that_resumes_generates_and_loads(tmp_path, teacher_run, student, capsys):
     out = tmp_path / "conv"
     res = run(_convert_cmd(teacher_run, out, *_tiny(student)))
     assert "stage 1 step 10/10" in res.stdout and "converted: test ppl" in res.stdout
@@ -118,6 +118,11 @@ def test_convert_writes_a_run_directory_that_resumes_generates_and_loads(tmp_pat
         ]
     )
     assert gen.stdout.startswith("the kernel")
+    # another conversion in the same run directory is refused, and nothing there changes
+    before = (out / "summary.json").read_text()
+    other = [*_tiny(student), "--options", '{"s": 3}']
+    msg = _error(capsys, ["convert", str(teacher_run), "--run-dir", str(out), *other])
+    assert "holds another conversion" in msg and (out / "summary.json").read_text() == before
 
 
 def test_window_student_swaps_without_stage_1(tmp_path, teacher_run):
@@ -161,16 +166,6 @@ def test_conversion_config_errors_are_one_line(capsys, tmp_path, teacher_run):
     bad.write_text("student: [unclosed\n")
     assert "not valid YAML" in _error(capsys, [*base, "-c", str(bad)])
     assert not (tmp_path / "x").exists()  # nothing written for a bad config
-
-
-def test_a_run_directory_of_another_conversion_is_refused(capsys, tmp_path, teacher_run):
-    out = tmp_path / "conv"
-    run(_convert_cmd(teacher_run, out, *_tiny("primal")))
-    before = (out / "summary.json").read_text()
-    msg = _error(
-        capsys, ["convert", str(teacher_run), "--run-dir", str(out), *_tiny("primal")[:-2], "--options", '{"s": 3}']
-    )
-    assert "another" in msg and (out / "summary.json").read_text() == before
 
 
 def test_shipped_conversion_configs_load():
