@@ -644,6 +644,8 @@ def generate_d4rl(
     out_dir = Path(out) if out is not None else dataset_dir("d4rl") / name
     if out_dir.exists() and not overwrite:
         raise FileExistsError(f"{out_dir} already exists (pass overwrite=True / --force to regenerate it)")
+    if out_dir.exists():
+        check_generated_dir(out_dir)
     with torch_threads(threads):
         return _generate(
             key,
@@ -661,6 +663,30 @@ def generate_d4rl(
             overwrite=overwrite,
             progress=progress,
             log=log,
+        )
+
+
+def check_generated_dir(out_dir: Path) -> None:
+    """Refuse to replace ``out_dir`` unless this generator wrote it: its ``metadata.json`` names :data:`GENERATOR` (the
+    generator's mark) and the folder holds nothing but that file and the HDF5 file it names. ``--force`` never
+    replaces a folder of the user's."""
+    meta_path = out_dir / "metadata.json"
+    meta: Any = None
+    if out_dir.is_dir() and not out_dir.is_symlink() and meta_path.is_file():
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (ValueError, OSError):
+            meta = None
+    ours = (
+        isinstance(meta, dict)
+        and meta.get("generator") == GENERATOR
+        and isinstance(meta.get("file"), str)
+        and {p.name for p in out_dir.iterdir()} <= {"metadata.json", meta["file"]}
+    )
+    if not ours:
+        raise FileExistsError(
+            f"{out_dir} exists and is not a folder this generator wrote (no metadata.json naming {GENERATOR!r}, or "
+            "other files in it); --force replaces only the generator's own output. Pass another --out"
         )
 
 

@@ -174,3 +174,24 @@ def test_sigkill_during_sac_resumes(tmp_path):
     assert after["history"][: len(before["history"])] == before["history"]  # the killed run's checkpoints kept
     assert len(list(work.glob("replay_buffer_*.pkl"))) == 1 and not list(work.rglob(".*.tmp"))
     _check_generated(out_dir, "medium", 300)
+
+
+def test_force_replaces_only_a_folder_the_generator_wrote(tmp_path):
+    import json
+
+    from primaldual.recipes.d4rl import GENERATOR, check_generated_dir, generate_d4rl
+
+    thesis = tmp_path / "thesis"
+    thesis.mkdir()
+    (thesis / "chapter1.tex").write_text("mine")
+    with pytest.raises(FileExistsError, match="not a folder this generator wrote"):
+        generate_d4rl("hopper", "random", transitions=200, out=thesis, overwrite=True)
+    assert (thesis / "chapter1.tex").read_text() == "mine"
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    (ours / "hopper-random.hdf5").write_bytes(b"")
+    (ours / "metadata.json").write_text(json.dumps({"generator": GENERATOR, "file": "hopper-random.hdf5"}))
+    check_generated_dir(ours)  # the generator's own output: replaceable
+    (ours / "notes.txt").write_text("added by the user")
+    with pytest.raises(FileExistsError, match="other files"):
+        check_generated_dir(ours)
