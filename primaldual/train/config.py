@@ -238,6 +238,8 @@ def dump_config(cfg: RunConfig) -> str:
     defaults = RunConfig().to_dict()
     if not cfg.trainer.compile:
         d["trainer"].pop("compile")
+    if cfg.trainer.logger == "csv":
+        d["trainer"].pop("logger")
     for (section, key), owners in exclusive_keys().items():
         if cfg.task in owners:
             continue

@@ -7,6 +7,10 @@
 * **Lightning's informational lines** ("GPU available", "TPU available", the tip advertising a cloud logger,
   "``Trainer.fit`` stopped", "Restoring states") are logged by ``lightning.pytorch.utilities.rank_zero`` at INFO:
   that logger is raised to WARNING for the run, so its warnings still show.
+* **Loggers** (``trainer.logger``): the CSV log (``logs/version_<i>/metrics.csv``) is always written, the history
+  and summary read it; ``tensorboard`` adds TensorBoard event files under ``logs/tensorboard/`` (``pip install
+  tensorboard``), ``wandb`` a Weights & Biases run under ``logs/wandb/``, offline unless ``WANDB_MODE`` is set
+  (``pip install wandb``). A missing package is one line naming the install.
 * **Known deprecation warnings of our dependencies** that a user cannot act on are filtered by message, for the
   run only (:data:`DEPENDENCY_WARNINGS`).
 """
@@ -20,7 +24,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["DEPENDENCY_WARNINGS", "progress_bar", "quiet_dependencies"]
+__all__ = ["DEPENDENCY_WARNINGS", "loggers", "progress_bar", "quiet_dependencies"]
 
 #: (message regex, category) of dependency warnings filtered during a run: Lightning 2.6's own use of a torch
 #: ``_pytree`` API that torch deprecated
@@ -60,3 +64,37 @@ def quiet_dependencies() -> Iterator[None]:
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
+
+
+def loggers(kind: str, run_dir: Any, name: str) -> list[Any]:
+    """The Lightning loggers of a run: the CSV logger, and beside it ``kind``'s (``tensorboard`` or ``wandb``)."""
+    import os
+    from pathlib import Path
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    from .errors import ConfigError
+
+    out: list[Any] = [CSVLogger(run_dir, name="logs")]
+    if kind == "tensorboard":
+        try:
+            import tensorboard  # noqa: F401
+        except ImportError:
+            raise ConfigError(
+                "trainer.logger: 'tensorboard' needs the tensorboard package (pip install tensorboard)"
+            ) from None
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        out.append(TensorBoardLogger(Path(run_dir) / "logs", name="tensorboard"))
+    elif kind == "wandb":
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            raise ConfigError("trainer.logger: 'wandb' needs the wandb package (pip install wandb)") from None
+        from lightning.pytorch.loggers import WandbLogger
+
+        save = Path(run_dir) / "logs"
+        save.mkdir(parents=True, exist_ok=True)
+        offline = os.environ.get("WANDB_MODE", "offline") == "offline"
+        out.append(WandbLogger(name=name, save_dir=str(save), offline=offline))
+    return out

@@ -27,7 +27,6 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 
 from ..options import check_int
@@ -37,7 +36,7 @@ from .callbacks import AtomicCheckpointIO, EpochHistory, EpochSeed, StepTimer
 from .checkpoints import check_fits, load_checkpoint, resume_checkpoint
 from .config import ConfigError, RunConfig, load_config
 from .lock import RunLock
-from .logs import progress_bar, quiet_dependencies
+from .logs import loggers, progress_bar, quiet_dependencies
 from .rundir import check_run_dir, default_run_dir, is_launcher_process, prepare_run_dir, run_config
 from .validate import check_machine
 
@@ -188,7 +187,7 @@ def _fit(
         save_on_train_epoch_end=not cfg.step_based,
         enable_version_counter=False,
     )
-    logger = CSVLogger(run_dir, name="logs")
+    logger = loggers(cfg.trainer.logger, run_dir, cfg.name)
     seeder = EpochSeed(cfg.seed, cfg.trainer.accumulate_grad_batches)
     timer = StepTimer()
     trainer = _trainer(cfg, run_dir, [seeder, history, last_ckpt, timer], logger)

@@ -218,7 +218,7 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, fresh: bool, verbose: bool) -
 
 
 # trainer keys that change how a run executes, not what it computes: a resume may switch them
-_HOW_KEYS = ("enable_progress_bar", "compile")
+_HOW_KEYS = ("enable_progress_bar", "compile", "logger")
 
 
 def _same_run(saved: str, text: str) -> bool:

@@ -172,6 +172,7 @@ class TrainerConfig:
     enable_progress_bar: bool = True
     accumulate_grad_batches: int = 1
     compile: bool = False
+    logger: str = "csv"  # csv (always written) | tensorboard | wandb (offline unless WANDB_MODE says otherwise)
 
 
 @dataclass
@@ -242,6 +243,7 @@ class RunConfig:
         d = self.to_dict()
         d["trainer"].pop("enable_progress_bar")
         d["trainer"].pop("compile")  # how the run executes, not what it computes (a resume may switch it)
+        d["trainer"].pop("logger")
         defaults = RunConfig().to_dict()
         for section, key in _ADDED_KEYS:
             node, ref = (d, defaults) if section is None else (d[section], defaults[section])

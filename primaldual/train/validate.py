@@ -8,6 +8,7 @@ config file (:func:`check_file`, unknown keys named with the file) and the check
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from dataclasses import fields
 from pathlib import Path
@@ -44,6 +45,9 @@ _COMMON_ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 _COMMON_STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork", "single_device")
 _SEED_MAX = 2**32 - 1  # the range Lightning's seed_everything accepts (outside it, it draws a random seed)
 
+
+#: ``trainer.logger``: the CSV log is always written; these add a second logger beside it
+LOGGERS = ("csv", "tensorboard", "wandb")
 
 #: the largest model.dim (and num_heads; ffn_dim: 4x) and model.depth a config may ask for
 MAX_WIDTH, MAX_DEPTH = 65_536, 1_024
@@ -237,6 +241,9 @@ def validate_config(cfg: RunConfig) -> None:
         "trainer.gradient_clip_val (null for no clipping)", t.gradient_clip_val, low=0, low_open=True, allow_none=True
     )
     check_int("trainer.log_every_n_steps", t.log_every_n_steps, low=1)
+    check_choice("trainer.logger", t.logger, LOGGERS)
+    if t.logger != "csv" and importlib.util.find_spec(t.logger) is None:
+        raise ConfigError(f"trainer.logger: {t.logger!r} needs the {t.logger} package (pip install {t.logger})")
     check_int("trainer.accumulate_grad_batches", t.accumulate_grad_batches, low=1)
     check_bool("trainer.enable_progress_bar", t.enable_progress_bar)
     check_bool("trainer.compile", t.compile)

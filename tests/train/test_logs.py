@@ -42,3 +42,27 @@ def test_a_progress_bar_only_on_a_terminal():
     assert progress_bar(False, _Stream(True)) == (False, [])
     enabled, callbacks = progress_bar(True, _Stream(True))
     assert enabled and len(callbacks) <= 1  # rich's bar where rich is installed, else Lightning's default
+
+
+def test_tensorboard_logger_writes_event_files_beside_the_csv_log(tmp_path, tiny_config):
+    from .helpers import run
+
+    run_dir = tmp_path / "run"
+    run(fit_cmd(tiny_config(**{"trainer.max_epochs": 1, "trainer.logger": "tensorboard"}), run_dir, "--threads", "1"))
+    events = list((run_dir / "logs" / "tensorboard").rglob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
+    assert list((run_dir / "logs").glob("version_*/metrics.csv"))  # the CSV log is still written
+    assert (
+        "logger" not in (run_dir / "config.yaml").read_text() or "tensorboard" in (run_dir / "config.yaml").read_text()
+    )
+
+
+def test_logger_choice_is_checked_and_leaves_the_fingerprint(tmp_path, tiny_config):
+    import pytest
+
+    from primaldual.train.config import ConfigError, load_config
+
+    base = load_config(tiny_config())
+    assert load_config(tiny_config(**{"trainer.logger": "tensorboard"})).fingerprint() == base.fingerprint()
+    with pytest.raises(ConfigError, match="trainer.logger"):
+        load_config(tiny_config(**{"trainer.logger": "mlflow"}))
