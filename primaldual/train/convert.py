@@ -195,7 +195,7 @@ def load_teacher(teacher_dir: Path) -> tuple[RunConfig, Any, Any, dict[str, Any]
     from .checkpoints import check_fits, load_checkpoint
 
     tcfg = run_config(teacher_dir)
-    if tcfg.task != "lm" or tcfg.model.resolved_kind(tcfg.task) != "lm":
+    if tcfg.model.resolved_kind(tcfg.task) != "lm":  # the CausalLM kind (task lm's)
         raise ConfigError(f"{teacher_dir}: the teacher must be a CausalLM run (task lm, model.kind lm)")
     ckpt = teacher_dir / "checkpoints" / "best.ckpt"
     state = load_checkpoint(ckpt)

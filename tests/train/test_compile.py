@@ -110,8 +110,8 @@ def test_a_resume_may_switch_compilation(tmp_path):
 
     on = load_config("lra/listops/transformer", ["--trainer.compile", "true"])
     off = load_config("lra/listops/transformer")
-    (tmp_path / "checkpoints").mkdir()
     prepare_run_dir(on, tmp_path, fresh=False, verbose=False)
+    (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"progress")
     prepare_run_dir(off, tmp_path, fresh=False, verbose=False)  # not refused: the same run
     assert (tmp_path / "config.yaml").read_text() == dump_config(off)
