@@ -35,7 +35,7 @@ from ..functional.primal import KSVD_REDUCTIONS, causal_prefix_mean, cosine_feat
 from ..options import check_bool, check_choice, check_int, check_number
 from .base import AttentionLayer, KVCache
 from .capabilities import Capabilities
-from .primal import PrimalState
+from .primal import PrimalState, reset_primal_weights
 from .registry import register_attention
 from .sparse import SparseAttention
 
@@ -126,13 +126,7 @@ class HybridAttention(AuxLossMixin, SparseAttention):
 
     def reset_primal_parameters(self) -> None:
         """The primal layer's initialisation: W_e, W_r orthogonal, Lambda uniform [0, 1)."""
-        with torch.no_grad():
-            for w in (self.w_e, self.w_r):
-                if w.is_meta:
-                    continue
-                dtype = torch.float32 if w.dtype in (torch.float16, torch.bfloat16) else w.dtype
-                w.copy_(nn.init.orthogonal_(torch.empty(w.shape, device=w.device, dtype=dtype)))
-            nn.init.uniform_(self.lam)
+        reset_primal_weights(self.w_e, self.w_r, self.lam)
 
     # ------------------------------------------------------------------------------------------------
     def branch_scores(self, q: Tensor, k: Tensor, mask: Tensor | None) -> Tensor:

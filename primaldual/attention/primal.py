@@ -77,7 +77,7 @@ from .base import AttentionLayer
 from .capabilities import Capabilities
 from .registry import register_attention
 
-__all__ = ["PATHS", "PrimalAttention", "PrimalState", "RotatedThresholds"]
+__all__ = ["PATHS", "PrimalAttention", "PrimalState", "RotatedThresholds", "reset_primal_weights"]
 
 PATHS = ("auto", "rotated", "scores")
 
@@ -94,6 +94,18 @@ class PrimalState(NamedTuple):
     sum_q: Tensor
     sum_k: Tensor
     count: Tensor
+
+
+def reset_primal_weights(w_e: Tensor, w_r: Tensor, lam: Tensor) -> None:
+    """The reference initialisation of ``W_e``, ``W_r`` (orthogonal over the whole tensor; half precision drawn in
+    float32 and cast, QR has no half kernel) and ``Lambda`` (uniform [0, 1)), in place."""
+    with torch.no_grad():
+        for w in (w_e, w_r):
+            if w.is_meta:
+                continue
+            dtype = torch.float32 if w.dtype in (torch.float16, torch.bfloat16) else w.dtype
+            w.copy_(nn.init.orthogonal_(torch.empty(w.shape, device=w.device, dtype=dtype)))
+        nn.init.uniform_(lam)
 
 
 def _no_autocast(device_type: str) -> contextlib.AbstractContextManager:
@@ -278,13 +290,7 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
 
         Half-precision weights are drawn in float32 and cast (QR has no half kernel).
         """
-        with torch.no_grad():
-            for w in (self.w_e, self.w_r):
-                if w.is_meta:
-                    continue
-                dtype = torch.float32 if w.dtype in (torch.float16, torch.bfloat16) else w.dtype
-                w.copy_(nn.init.orthogonal_(torch.empty(w.shape, device=w.device, dtype=dtype)))
-            nn.init.uniform_(self.lam)
+        reset_primal_weights(self.w_e, self.w_r, self.lam)
 
     # ----------------------------------------------------------------------------------------------
     def _params(self, dtype: torch.dtype) -> dict[str, Tensor | None]:

@@ -171,24 +171,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    from .config import ConfigError
+    from .config import parse_overrides
     from .convert import convert_run
     from .run import set_threads
-    from .yaml_values import override_value
 
     set_threads(args.threads)
-    pairs = []
-    rest = list(args.overrides)
-    while rest:  # --stage1.tokens 0 / --options.s=16: values are YAML
-        tok = rest.pop(0)
-        if not tok.startswith("--"):
-            raise ConfigError(f"unexpected argument {tok!r}; overrides look like --stage1.tokens 204800")
-        key, eq, val = tok[2:].partition("=")
-        if not eq:
-            if not rest:
-                raise ConfigError(f"override --{key} needs a value")
-            val = rest.pop(0)
-        pairs.append((key, override_value(val, f"--{key}")))
+    pairs = parse_overrides(args.overrides)  # --stage1.tokens 0 / --options.s=16: values are YAML
     convert_run(args.teacher, args.config, overrides=pairs, seed=args.seed, run_dir=args.run_dir, fresh=args.fresh)
     return 0
 

@@ -43,6 +43,7 @@ from .schema import (
 from .yaml_values import override_value
 
 __all__ = [
+    "parse_overrides",
     "ConfigError",
     "DataConfig",
     "ModelConfig",
@@ -173,7 +174,7 @@ def describe_config(spec: str | Path, config_dir: str | os.PathLike | None = Non
     return _compose(str(spec), config_dir=config_dir).sources
 
 
-def _parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
+def parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
     """``--a.b value`` / ``--a.b=value`` / ``--attention NAME`` flags as (key, value) pairs, values parsed as YAML."""
     pairs: list[tuple[str, Any]] = []
     i = 0
@@ -200,7 +201,7 @@ def load_config(
     if spec is None:
         cfg = RunConfig()
     else:
-        c = _compose(str(spec), _parse_overrides(overrides or []), config_dir)
+        c = _compose(str(spec), parse_overrides(overrides or []), config_dir)
         try:
             cfg = _build(RunConfig, c.values, "")
         except (ConfigError, TypeError) as e:
@@ -211,7 +212,7 @@ def load_config(
 def apply_overrides(cfg: RunConfig, args: list[str]) -> RunConfig:
     """Apply ``--a.b value`` / ``--a.b=value`` / ``--attention NAME`` flags (values parsed as YAML)."""
     d = cfg.to_dict()
-    for key, value in _parse_overrides(args):
+    for key, value in parse_overrides(args):
         if key == "attention":  # the one-flag switch to any registered mechanism
             d["model"]["attention"], d["model"]["attention_options"] = value, None
             d["name"] = f"{d['name']}-{value}" if isinstance(value, str) else d["name"]

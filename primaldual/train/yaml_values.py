@@ -86,7 +86,11 @@ ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXP_FLOAT, list("
 
 def load_yaml(text: str) -> Any:
     """Parse ``text`` with :class:`ConfigLoader` (raises :class:`yaml.YAMLError` subclasses)."""
-    return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 - ConfigLoader is a SafeLoader
+    loader = ConfigLoader(text)  # a SafeLoader: no Python objects are constructed
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def override_value(text: str, flag: str) -> Any:
