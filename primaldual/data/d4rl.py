@@ -111,7 +111,15 @@ class D4RLData:
     def metadata(self) -> dict[str, Any]:
         """The generation metadata of a file written by the generator (``{}`` for other files)."""
         raw = self.attrs.get("metadata_json")
-        return json.loads(raw) if isinstance(raw, str) else {}
+        if not isinstance(raw, str):
+            return {}
+        try:
+            meta = json.loads(raw)
+        except ValueError:
+            meta = None
+        if not isinstance(meta, dict):
+            raise D4RLFormatError(f"{self.path}: the 'metadata_json' attribute is not a JSON object")
+        return meta
 
 
 @dataclass
@@ -175,7 +183,23 @@ def _array(f: Any, path: Path, key: str) -> np.ndarray:
         raise D4RLFormatError(f"{path}: '{key}' is an HDF5 group, expected a dataset")
     if obj.dtype.kind not in "fiub":
         raise D4RLFormatError(f"{path}: '{key}' has dtype {obj.dtype}, expected numbers")
+    # the shape is the file's claim, not its size on disk (a chunked dataset of fill values is tiny): checked
+    # before anything is allocated, against the memory the array and its float32 copy would take
+    need = int(obj.size) * (obj.dtype.itemsize + 4)
+    if need > (have := _physical_memory()):
+        raise D4RLFormatError(
+            f"{path}: '{key}' declares shape {tuple(obj.shape)} ({need / 2**30:.1f} GiB to read), more than this "
+            f"machine's memory ({have / 2**30:.1f} GiB)"
+        )
     return obj[()]
+
+
+def _physical_memory() -> int:
+    """The machine's memory in bytes (``2**62`` where the platform does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return 2**62
 
 
 def _float(a: np.ndarray, path: Path, key: str, ndim: int) -> np.ndarray:

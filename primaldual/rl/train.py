@@ -87,8 +87,22 @@ def _load_data(cfg: RunConfig) -> tuple[Any, dict[str, Any], Path]:
     path = data_file(cfg)
     data = read_d4rl(path)
     meta_path = path.parent / "metadata.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    meta = _read_metadata(meta_path) if meta_path.is_file() else {}
     return data, meta, path
+
+
+def _read_metadata(path: Path) -> dict[str, Any]:
+    """The generator's ``metadata.json`` beside the data (a JSON object); anything else is a
+    :class:`~primaldual.data.d4rl.D4RLFormatError` naming the file."""
+    from ..data.d4rl import D4RLFormatError
+
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise D4RLFormatError(f"{path}: not a readable JSON file ({' '.join(str(e).split())[:120]})") from None
+    if not isinstance(meta, dict):
+        raise D4RLFormatError(f"{path}: expected a JSON object, got a JSON {type(meta).__name__}")
+    return meta
 
 
 def data_file(cfg: RunConfig) -> Path:
@@ -269,14 +283,40 @@ def _save(path: Path, state: dict[str, Any]) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
-def _load_last(run_dir: Path, note) -> dict[str, Any] | None:
+def _load_last(run_dir: Path, note) -> tuple[Path, dict[str, Any]] | None:
     """The checkpoint to resume from, by the harness's contract (:func:`~primaldual.train.checkpoints.
     resume_checkpoint`): ``last.ckpt``, else ``last.prev.ckpt`` (the bad file kept as ``last.ckpt.corrupt``), else a
-    :class:`~primaldual.train.checkpoints.CheckpointError` naming ``--fresh``; None for a fresh start."""
+    :class:`~primaldual.train.checkpoints.CheckpointError` naming ``--fresh``; ``(path, state)``, or None for a fresh
+    start."""
     from ..train.checkpoints import load_checkpoint, resume_checkpoint
 
     path = resume_checkpoint(run_dir, note, weights_key="model")
-    return None if path is None else load_checkpoint(path, weights_key="model")
+    return None if path is None else (path, load_checkpoint(path, weights_key="model"))
+
+
+# what the loop saves in its checkpoints (every key is needed to continue the run exactly)
+_STATE_KEYS = ("model", "optimizer", "scheduler", "torch_rng", "step", "history", "train_seconds")
+
+
+def _restore(
+    state: dict[str, Any], model: nn.Module, opt: torch.optim.Optimizer, sched: Any, path: Path
+) -> tuple[int, list[dict[str, Any]], float]:
+    """Load a checkpoint of this loop into the model, optimiser and schedule; ``(step, history rows, train
+    seconds)``. A checkpoint of another model or format is a :class:`CheckpointError` naming the file."""
+    from ..train.checkpoints import CheckpointError
+
+    hint = "pass --fresh to start the run over, or another --run-dir"
+    if missing := [k for k in _STATE_KEYS if k not in state]:
+        raise CheckpointError(f"{path}: not a checkpoint of this run (missing {', '.join(missing)}); {hint}")
+    try:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["torch_rng"])
+        return int(state["step"]), list(state["history"]), float(state["train_seconds"])
+    except (RuntimeError, KeyError, ValueError, TypeError) as e:
+        first = " ".join(str(e).split())[:240]
+        raise CheckpointError(f"{path}: does not fit this run's model ({first}); {hint}") from None
 
 
 def _write_history(run_dir: Path, rows: list[dict[str, Any]]) -> None:
@@ -314,7 +354,12 @@ def fit_rl(cfg: RunConfig, run_dir: Path, *, fresh: bool = False, verbose: bool 
     opt, sched = _optimizer(cfg, model)
     targets = list(cfg.rl.target_returns) if cfg.rl.target_returns is not None else list(TARGET_RETURNS[env])
     B, total = cfg.data.batch_size, cfg.trainer.max_steps
-    per_epoch = max(1, len(ds) // B)
+    if len(ds) < B:  # an epoch must hold one batch: the loop draws items [b * B, (b + 1) * B) of it
+        raise ConfigError(
+            f"data.batch_size: {hdf5} has {len(ds)} timesteps, fewer than one batch ({B}); "
+            "pass a smaller --data.batch_size or more data"
+        )
+    per_epoch = len(ds) // B
     every = cfg.trainer.val_check_interval or max(1, total // 10)
     mean, std = ds.state_mean, ds.state_std
     lock = RunLock(run_dir)
@@ -323,14 +368,10 @@ def fit_rl(cfg: RunConfig, run_dir: Path, *, fresh: bool = False, verbose: bool 
     with lock.acquire(action):
         prepare_run_dir(cfg, run_dir, fresh, verbose)
         ck = run_dir / "checkpoints"
-        state = _load_last(run_dir, note)
+        last = _load_last(run_dir, note)
         step, rows, train_seconds = 0, [], 0.0
-        if state is not None:
-            model.load_state_dict(state["model"])
-            opt.load_state_dict(state["optimizer"])
-            sched.load_state_dict(state["scheduler"])
-            torch.set_rng_state(state["torch_rng"])
-            step, rows, train_seconds = int(state["step"]), list(state["history"]), float(state["train_seconds"])
+        if last is not None:
+            step, rows, train_seconds = _restore(last[1], model, opt, sched, last[0])
             note(f"resuming from step {step}")
         n = sum(p.numel() for p in model.parameters())
         note(

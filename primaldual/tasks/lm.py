@@ -29,6 +29,7 @@ class LanguageModelTask(Task):
     model_kinds = ("lm", "hf_gpt2")
     causal = True
     metrics = ("loss", "ppl")
+    keys = (("data", "val_size"), ("model", "positions"), ("model", "tie_embeddings"))
 
     def check(self, cfg: RunConfig) -> None:
         d, m = cfg.data, cfg.model

@@ -66,6 +66,13 @@ class LRATask(Task):
 
     model_kinds: tuple[str, ...] = ("sequence", "retrieval")
     majority_baseline = True
+    # keys the LRA data module and classifiers read (model.positions and data.val_size are shared with other tasks)
+    keys: tuple[tuple[str, str], ...] = (
+        ("data", "stand_in"),
+        ("data", "val_size"),
+        ("model", "pooling"),
+        ("model", "positions"),
+    )
     prefix: str | None = None  # data names starting with this are accepted too
 
     def check(self, cfg: RunConfig) -> None:
@@ -117,6 +124,8 @@ def build_lra_splits(cfg: DataConfig, task: str) -> dict[str, Dataset]:
 
 @register_task("lra_listops")
 class ListOpsTask(LRATask):
+    keys = (*LRATask.keys, ("data", "tokenisation"))
+
     def splits(self, cfg: DataConfig) -> dict[str, Dataset]:
         from ..data.listops import ListOpsDataset
 
@@ -150,6 +159,7 @@ class TextTask(LRATask):
 @register_task("lra_retrieval")
 class RetrievalTask(LRATask):
     model_kinds = ("retrieval", "sequence")
+    keys = (*LRATask.keys, ("data", "train_pairs"), ("data", "eval_pairs"))
 
     def splits(self, cfg: DataConfig) -> dict[str, Dataset]:
         from ..data import text

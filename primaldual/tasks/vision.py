@@ -28,6 +28,7 @@ class VisionTask(Task):
     keys = (
         ("data", "image_size"),
         ("data", "crop_pct"),
+        ("data", "val_size"),
         ("model", "patch_size"),
         ("model", "drop_path"),
         ("model", "patch_kernel"),

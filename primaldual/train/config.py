@@ -187,7 +187,7 @@ def parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
             if i + 1 >= len(args):
                 raise ConfigError(f"override --{key} needs a value")
             val, i = args[i + 1], i + 1
-        pairs.append((key, override_value(val, f"--{key}") if val != "" else None))
+        pairs.append((key, override_value(val, f"--{key}")))
         i += 1
     return pairs
 

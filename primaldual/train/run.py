@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import os
 import time
 import warnings
@@ -226,10 +227,37 @@ def _fit(
         test = trainer.test(module, dm, ckpt_path=str(history.best_path), verbose=False, **_safe(trainer.test))[0]
     summary.update(task.results(cfg, dm, module, protocol, best, test))
     if trainer.is_global_zero:
+        summary = _keep_timing(run_dir / "summary.json", summary)
         atomic_write_json(run_dir / "summary.json", summary)
         if verbose:
             print(task.report(cfg, summary, protocol), flush=True)
     return summary
+
+
+# what an attempt measures of its own training steps: a later attempt that trains no step (a finished run started
+# again, to print its result) keeps the earlier figures instead of replacing them by nothing
+_TIMING_KEYS = (
+    "fit_seconds_this_attempt",
+    "train_steps_timed",
+    "train_step_seconds",
+    "peak_memory_mb",
+    "peak_memory_method",
+)
+
+
+def _keep_timing(path: Path, summary: dict[str, Any]) -> dict[str, Any]:
+    """``summary`` with the timing and memory fields of the ``summary.json`` at ``path`` when this attempt timed no
+    training step (an unreadable or foreign earlier file is ignored: it is replaced, as before)."""
+    if summary.get("train_steps_timed") or not path.is_file():
+        return summary
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return summary
+    if not isinstance(old, dict) or not old.get("train_steps_timed"):
+        return summary
+    kept = {k: old[k] for k in _TIMING_KEYS if k in old}
+    return {**summary, **kept}
 
 
 def _ksvd_summary(model: nn.Module, rows: list[dict[str, Any]]) -> dict[str, Any]:

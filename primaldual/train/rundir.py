@@ -17,7 +17,8 @@ Run directory (default ``runs/<task>/<dataset>/<name>-<protocol>-seed<k>-<config
 
 primaldual deletes or replaces files only in a directory it marked, and only its own entries (the names above). A
 directory that holds anything else (a project folder given as ``--run-dir``, a ``config.yaml`` of another tool) is
-refused before anything in it is touched, ``--fresh`` included. A run directory written before the mark existed
+refused before anything in it is touched, ``--fresh`` included; so is clearing a directory where a file that
+primaldual did not write sits inside one of its folders (a note in ``logs/``, a symlink in ``checkpoints/``). A run directory written before the mark existed
 (only the names above, a ``config.yaml`` among them) is adopted and marked. Temporary files of primaldual's atomic
 writes that a killed run left (``.<name>.<random>.tmp`` beside an entry above, or beside a checkpoint) are its own
 too: the next ``fit`` deletes them, under the lock, before it starts.
@@ -61,6 +62,20 @@ OWN = {
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.[A-Za-z0-9_]+\.tmp$")
 
 
+# what primaldual (and the loggers it starts) write inside its folders, as paths relative to the folder: ``--fresh``
+# deletes a folder only when everything in it matches, so a user's file put there is never lost
+_TMP = r"\.[^/]+\.[A-Za-z0-9_]+\.tmp"
+_OWN_INSIDE = {
+    "checkpoints": re.compile(rf"(last|last\.prev|best)\.ckpt(\.corrupt(\.\d+)?)?|{_TMP}"),
+    "logs": re.compile(
+        r"(version_\d+|tensorboard(/version_\d+)?)(/(metrics\.csv|hparams\.yaml|events\.out\.tfevents\.[^/]+))?"
+        r"|tensorboard|wandb(/.*)?"
+    ),
+    "convert": re.compile(rf"stage1\.(pt|json|csv)|{_TMP}"),
+    "analysis": re.compile(rf"analysis\.json|spectra\.png|{_TMP}"),
+}
+
+
 def _own_temporary(name: str, own: set[str] | None = None) -> bool:
     """Whether ``name`` is a leftover temporary file of an atomic write of one of ``own`` (default :data:`OWN`)."""
     m = _TEMPORARY.match(name)
@@ -92,6 +107,30 @@ def _foreign(run_dir: Path) -> list[str]:
         for p in run_dir.iterdir()
         if p.name not in OWN and not p.name.startswith(LOCK_NAME) and not (_own_temporary(p.name) and p.is_file())
     )
+
+
+def _foreign_inside(run_dir: Path) -> list[str]:
+    """The paths below ``run_dir`` that primaldual did not write: in its folders (``checkpoints/``, ``logs/``, ...),
+    every entry that is not one of its own names, and any symlink; a folder where it writes a file. Sorted,
+    relative to ``run_dir``."""
+    out: list[str] = []
+    for name in OWN:
+        top = run_dir / name
+        if name not in _OWN_INSIDE:
+            if top.is_dir() and not top.is_symlink():
+                out.append(name + "/")
+            continue
+        if top.is_symlink() or not top.is_dir():
+            continue  # a symlink itself is unlinked, never followed
+        pattern = _OWN_INSIDE[name]
+        for folder, dirs, files in os.walk(top, followlinks=False):
+            base = Path(folder).relative_to(top)
+            for entry in dirs + files:
+                rel = (base / entry).as_posix()
+                if (top / rel).is_symlink() or not pattern.fullmatch(rel):
+                    out.append(f"{name}/{rel}")
+            dirs[:] = [d for d in dirs if pattern.fullmatch((base / d).as_posix())]
+    return sorted(out)
 
 
 def _has_checkpoint(run_dir: Path) -> bool:
@@ -145,12 +184,22 @@ def check_run_dir(run_dir: str | os.PathLike, fresh: bool = False) -> Path:
         else:
             if not _has_checkpoint(run_dir):
                 raise ConfigError(_not_a_record(run_dir, entries))
+    if fresh and (inside := _foreign_inside(run_dir)):
+        raise _refuse_inside(run_dir, inside)
     if fresh and entries and not (run_dir / MARK).is_file() and not saved.is_file():
         raise ConfigError(
             f"--fresh refused: {run_dir} is not a run directory primaldual created (no {MARK} and no config.yaml), "
             "so nothing in it is deleted; pass a run directory, or another --run-dir"
         )
     return run_dir
+
+
+def _refuse_inside(run_dir: Path, inside: list[str]) -> ConfigError:
+    shown = ", ".join(inside[:5]) + (f" and {len(inside) - 5} more" if len(inside) > 5 else "")
+    return ConfigError(
+        f"{run_dir} is not cleared: it holds files primaldual did not write ({shown}), and nothing in it was "
+        "deleted. Move them out, or pass another --run-dir"
+    )
 
 
 def _mark(run_dir: Path) -> None:
@@ -163,6 +212,8 @@ def _mark(run_dir: Path) -> None:
 def _clear_run_dir(run_dir: Path) -> None:
     """Delete primaldual's own entries in ``run_dir`` (never the lock this process holds, never anything else)."""
     check_run_dir(run_dir)  # again, under the lock: a file dropped in since is never deleted
+    if inside := _foreign_inside(run_dir):
+        raise _refuse_inside(run_dir, inside)
     for p in run_dir.iterdir():
         if p.name not in OWN or p.name.startswith(LOCK_NAME) or p.name == MARK:
             continue

@@ -98,6 +98,8 @@ def override_value(text: str, flag: str) -> Any:
     control character) is a :class:`~primaldual.train.errors.ConfigError` naming the flag."""
     from .errors import ConfigError
 
+    if not text.strip():  # YAML reads it as null: a default the user did not ask for
+        raise ConfigError(f"{flag}: empty value; give a value, or null for none")
     try:
         return load_yaml(text)
     except yaml.YAMLError as e:

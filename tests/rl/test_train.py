@@ -145,6 +145,64 @@ def test_bad_inputs_are_one_error_line(capsys, tmp_path, hopper_dir, override, k
     assert not (tmp_path / "run").exists()
 
 
+def _bad_data(root, case: str) -> None:
+    """A Hopper-sized D4RL file (or its metadata.json) broken in one way."""
+    rows = {"one_row": 1}.get(case, 40)
+    root.mkdir(parents=True)
+    with h5py.File(root / "hopper-medium.hdf5", "w") as f:
+        if case == "huge":  # declares 1e11 rows: a few KiB on disk (chunks of the fill value), 8 TiB to read
+            f.create_dataset("observations", shape=(10**11, 11), dtype="f4", chunks=(1024, 11))
+        else:
+            f["observations"] = np.zeros((rows, 11), np.float32)
+        f["actions"] = np.zeros((rows, 3), np.float32)
+        f["rewards"] = np.zeros(rows, np.float32)
+        f["terminals"] = np.zeros(rows, bool)
+        f["timeouts"] = np.eye(1, rows, rows - 1, dtype=bool)[0]
+    if case in ("metadata_not_json", "metadata_list"):
+        (root / "metadata.json").write_text("{nope" if case == "metadata_not_json" else "[1, 2]")
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("huge", "'observations' declares shape (100000000000, 11)"),
+        ("one_row", "data.batch_size: "),
+        ("metadata_not_json", "metadata.json: not a readable JSON file"),
+        ("metadata_list", "metadata.json: expected a JSON object, got a JSON list"),
+    ],
+)
+def test_bad_data_files_are_one_error_line(capsys, tmp_path, case, expected):
+    """Issue 46, item 13: each was a MemoryError, an IndexError, a raw parser error or an AttributeError."""
+    _bad_data(tmp_path / case, case)
+    argv = ["fit", "--config", _config(tmp_path, tmp_path / case), "--run-dir", str(tmp_path / "run")]
+    assert expected in _one_error_line(capsys, argv)
+
+
+@pytest.mark.parametrize("case", ["missing_key", "wrong_shape"])
+def test_a_checkpoint_of_another_model_is_one_error_line_and_kept(capsys, tmp_path, hopper_dir, case):
+    import torch
+
+    run = tmp_path / "run"
+    assert _fit(tmp_path, hopper_dir, run, trainer={"max_steps": 1}) == 0
+    ck = run / "checkpoints" / "last.ckpt"
+    state = torch.load(ck, weights_only=True)
+    if case == "missing_key":
+        del state["optimizer"]
+    else:
+        state["model"][next(iter(state["model"]))] = torch.zeros(3, 3)
+    torch.save(state, ck)
+    (run / "summary.json").unlink()
+    (run / "checkpoints" / "last.prev.ckpt").unlink(missing_ok=True)
+    before = ck.read_bytes()
+    capsys.readouterr()
+    line = _one_error_line(
+        capsys, ["fit", "--config", _config(tmp_path, hopper_dir, trainer={"max_steps": 1}), "--run-dir", str(run)]
+    )
+    want = "missing optimizer" if case == "missing_key" else "does not fit this run's model"
+    assert "last.ckpt" in line and want in line and "--fresh" in line
+    assert ck.read_bytes() == before
+
+
 def test_rl_section_leaves_other_configs_alone():
     from primaldual.train.config import RunConfig, dump_config
 

@@ -51,6 +51,10 @@ def test_fit_writes_a_complete_run_directory(tmp_path, tiny_config, protocol, ca
     # A finished run re-run with the same command only reports.
     again = fit(cfg, run_dir)
     assert again["test_acc"] == pytest.approx(summary["test_acc"]) and again["epochs"] == 3
+    # ... and keeps the timing and memory of the attempt that trained (issue 46, item 8)
+    kept = json.loads((run_dir / "summary.json").read_text())
+    for key in ("train_step_seconds", "train_steps_timed", "fit_seconds_this_attempt", "peak_memory_mb"):
+        assert key in summary and kept[key] == summary[key], key
 
 
 def test_run_dir_with_another_config_is_refused(tmp_path, tiny_config):

@@ -67,6 +67,12 @@ BAD_VALUES = [
     (["--schedule.decay", "linear"], "schedule.decay: 'linear' decays to 0"),
     (["--seed", "-1"], "seed must be an int"),
     (["--threads", "0"], "--threads must be an int >= 1, got 0"),
+    # issue 46, item 8: keys only another task reads, and an empty value that YAML would read as null
+    (["--data.tokenisation", "no_brackets"], "data.tokenisation: only task 'lra_listops' uses it, not task 'uea'"),
+    (["--data.train_pairs", "5"], "data.train_pairs: only task 'lra_retrieval' uses it"),
+    (["--model.pooling", "cls"], "model.pooling: only task 'lra_image'"),
+    (["--model.tie_embeddings", "false"], "model.tie_embeddings: only task 'lm' uses it"),
+    (["--data.root", ""], "--data.root: empty value; give a value, or null for none"),
     pytest.param(
         ["--trainer.accelerator", "gpu"],
         "trainer.accelerator: 'gpu', but this machine has no such device",

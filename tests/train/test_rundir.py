@@ -66,6 +66,60 @@ def test_a_run_directory_is_marked_and_fresh_deletes_only_its_own_entries(tmp_pa
     assert (run_dir / "mine.txt").read_text() == "keep" and (run_dir / "summary.json").is_file()
 
 
+def _own_tree(run_dir, config_text: str) -> None:
+    """A run directory holding everything primaldual and its loggers write (no user file)."""
+    for rel in (
+        "checkpoints/last.ckpt",
+        "checkpoints/last.ckpt.corrupt.1",
+        "checkpoints/.last.ckpt.123.tmp",
+        "logs/version_0/metrics.csv",
+        "logs/version_1/hparams.yaml",
+        "logs/tensorboard/version_0/events.out.tfevents.1764.host.1.0",
+        "logs/wandb/offline-run-20261126_1-abc/files/config.yaml",
+        "convert/stage1.pt",
+        "analysis/spectra.png",
+    ):
+        (run_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (run_dir / rel).write_bytes(b"x")
+    (run_dir / "config.yaml").write_text(config_text)
+    (run_dir / MARK).write_text("{}\n")
+
+
+@pytest.mark.parametrize(
+    "user_file", ["logs/notes.txt", "checkpoints/my_model.pt", "analysis/figure.pdf", "logs/version_0/mine.txt"]
+)
+def test_fresh_never_deletes_a_user_file_inside_its_folders(tmp_path, tiny_config, user_file):
+    """Reproducer 1b: ``--fresh`` read only the top-level names and removed ``checkpoints/`` and ``logs/`` whole."""
+    from primaldual.train.config import ConfigError
+
+    cfg = load_config(tiny_config())
+    run_dir = tmp_path / "run"
+    _own_tree(run_dir, tiny_config().read_text())
+    (run_dir / user_file).write_text("keep")
+    with pytest.raises(ConfigError, match="files primaldual did not write") as e:
+        prepare_run_dir(cfg, run_dir, fresh=True, verbose=False)
+    assert user_file in str(e.value)
+    assert (run_dir / user_file).read_text() == "keep" and (run_dir / "checkpoints" / "last.ckpt").is_file()
+    (run_dir / user_file).unlink()  # without it, --fresh clears the whole tree (loggers' folders included)
+    prepare_run_dir(cfg, run_dir, fresh=True, verbose=False)
+    assert sorted(p.name for p in run_dir.iterdir()) == [MARK, "config.yaml"]
+
+
+def test_fresh_neither_follows_nor_keeps_a_symlink_it_did_not_make(tmp_path, tiny_config):
+    from primaldual.train.config import ConfigError
+
+    cfg = load_config(tiny_config())
+    run_dir = tmp_path / "run"
+    _own_tree(run_dir, tiny_config().read_text())
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "x.ckpt").write_text("keep")
+    (run_dir / "checkpoints" / "best.ckpt").symlink_to(data / "x.ckpt")
+    with pytest.raises(ConfigError, match="checkpoints/best.ckpt"):
+        prepare_run_dir(cfg, run_dir, fresh=True, verbose=False)
+    assert (data / "x.ckpt").read_text() == "keep" and (run_dir / "checkpoints" / "best.ckpt").is_symlink()
+
+
 def test_a_run_directory_from_before_the_mark_is_adopted(tmp_path, tiny_config):
     cfg = load_config(tiny_config())
     run_dir = tmp_path / "old"
