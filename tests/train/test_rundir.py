@@ -153,6 +153,24 @@ def test_a_run_written_before_a_key_existed_resumes_with_it_at_its_default(tmp_p
         prepare_run_dir(load_config("rl/hopper-medium/dt", ["--model.init", "gpt2"]), run_dir, False, False)
 
 
+def test_a_config_yaml_listing_other_tasks_keys_at_their_defaults_resumes(tmp_path):
+    """Before ``model.pooling`` (and the other LRA / LM keys) were task-exclusive, every config.yaml listed them."""
+    import yaml
+
+    from primaldual.train.config import dump_config
+
+    cfg = load_config("uea/JapaneseVowels/primalformer")
+    old = yaml.safe_load(dump_config(cfg))
+    old["data"].update(tokenisation="brackets", stand_in=None, train_pairs=10000, eval_pairs=2000)
+    old["model"]["pooling"] = "mean"
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"progress")
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(old, sort_keys=False))
+    prepare_run_dir(cfg, run_dir, fresh=False, verbose=False)
+    assert (run_dir / "config.yaml").read_text() == dump_config(cfg)
+
+
 @pytest.mark.parametrize("kind", ["symlink", "dangling", "fifo"])
 def test_a_run_lock_that_is_not_a_regular_file_is_refused_and_never_followed(tmp_path, tiny_config, capsys, kind):
     import os
