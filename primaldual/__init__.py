@@ -29,6 +29,10 @@ from .models.plans import primal_plus, primalformer
 
 __version__ = "0.1.0"
 
+from .integrations import auto_register as _auto_register  # noqa: E402
+
+_auto_register.install()  # `primaldual export` directories load with AutoModelForCausalLM once transformers is in
+
 __all__ = [
     "AttentionLayer",
     "AuxLossMixin",

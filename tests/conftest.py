@@ -3,6 +3,7 @@ real-data training config (``tiny_config``) that the harness tests build on."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -64,4 +65,12 @@ def _seed():
 
 
 def pytest_configure(config):
-    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    worker = hasattr(config, "workerinput")  # a pytest-xdist worker: the workers share the cores, one thread each
+    torch.set_num_threads(1 if worker else max(1, min(2, torch.get_num_threads())))
+    if not worker and config.pluginmanager.hasplugin("xdist") and config.getoption("numprocesses", None):
+        # the tiny config's data, fetched once before the workers start (two first uses would fetch it twice)
+        from primaldual.data.cache import MissingDataError
+        from primaldual.data.uea_fetch import fetch_japanese_vowels
+
+        with contextlib.suppress(MissingDataError):  # offline: the tests that need it say so
+            fetch_japanese_vowels(quiet=True)

@@ -9,8 +9,10 @@
   conversions every integration uses.
 * :mod:`primaldual.integrations.timm`: a timm attention layer (``VisionTransformer(attn_layer=...)``).
 
-Nothing here is imported by ``import primaldual``; import the submodule you need (this package imports none of
-them, so it never pulls in transformers or timm). See ``docs/integrations.md``.
+``import primaldual`` imports none of them (this package never pulls in transformers or timm); import the submodule
+you need. The one exception is :mod:`primaldual.integrations.auto_register`, which has no dependency: once
+transformers is imported it imports :mod:`primaldual.integrations.hf`, so that ``primaldual export`` directories load
+with ``AutoModelForCausalLM``. See ``docs/integrations.md``.
 """
 
 __all__: list[str] = []

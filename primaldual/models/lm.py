@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from ..encoder import Encoder
 from ..options import check_bool, check_int, check_number
 
-__all__ = ["GREEDY_BELOW", "CausalLM", "LMState"]
+__all__ = ["GREEDY_BELOW", "CausalLM", "LMState", "sinusoidal_table"]
 
 
 class LMState(NamedTuple):
@@ -80,7 +80,7 @@ class CausalLM(nn.Module):
             self.pos = nn.Parameter(torch.zeros(max_len, dim))
             nn.init.trunc_normal_(self.pos, std=0.02)
         else:
-            self.register_buffer("pos", _sinusoidal(max_len, dim), persistent=False)
+            self.register_buffer("pos", sinusoidal_table(max_len, dim), persistent=False)
         self.drop = nn.Dropout(dropout)
         self.decoder = Encoder(
             dim, depth, num_heads, attention, attention_options, ffn_dim=ffn_dim, dropout=dropout, causal=True
@@ -262,7 +262,7 @@ def _sample(logits: Tensor, temperature: float, top_k: int | None, gen: torch.Ge
     return torch.multinomial(logits.softmax(-1), 1, generator=gen)[:, 0]
 
 
-def _sinusoidal(n: int, dim: int) -> Tensor:
+def sinusoidal_table(n: int, dim: int) -> Tensor:
     """The fixed ``(n, dim)`` sin / cos table of Vaswani et al."""
     pos = torch.arange(n, dtype=torch.float32)[:, None]  # (n, 1)
     freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))  # (dim/2,)

@@ -170,6 +170,20 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from .errors import ConfigError
+
+    if not str(args.out).strip():
+        raise ValueError("--out: empty; give the directory to write")
+    try:
+        from ..integrations.hf.export import export_hf
+    except ImportError as e:
+        raise ConfigError(f"--format hf: needs the hf extra (pip install 'primaldual[hf]'): {e}") from None
+    out = export_hf(args.run_dir, args.out, ckpt=args.ckpt, force=args.force)
+    print(f"wrote {out} (AutoModelForCausalLM.from_pretrained({str(out)!r}) after `import primaldual`)")
+    return 0
+
+
 def _cmd_convert(args: argparse.Namespace) -> int:
     from .config import parse_overrides
     from .convert import convert_run
@@ -280,6 +294,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens (default all)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     p.set_defaults(func=_cmd_generate)
+    p = subparsers.add_parser(
+        "export",
+        help="write the language model of a run as a Hugging Face model directory (task lm)",
+        formatter_class=FORMATTER,
+        allow_abbrev=False,
+        epilog=examples(
+            "primaldual export runs/lm/english/transformer_reduced-heldout-seed0-* --format hf --out exported/lm",
+            "primaldual export RUN_DIR --format hf --out exported/lm --ckpt last --force",
+            note="The directory loads with transformers.AutoModelForCausalLM.from_pretrained after `import "
+            "primaldual` (needs the hf extra); a byte-level BPE run's tokenizer with AutoTokenizer. HF generate "
+            "decodes through the model's own state (constant-size for primal layers). --force replaces only an "
+            "earlier export.",
+        ),
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `primaldual fit` (task lm)")
+    p.add_argument("--format", required=True, choices=("hf",), help="hf: a transformers model directory")
+    p.add_argument("--out", required=True, help="the directory to write (new, empty, or an earlier export)")
+    p.add_argument("--ckpt", default="best", help="best, last, or a checkpoint path (default best)")
+    p.add_argument("--force", action="store_true", help="replace an earlier export at --out")
+    p.set_defaults(func=_cmd_export)
     p = subparsers.add_parser(
         "convert",
         help="convert a trained softmax LM run to primal attention (attention transfer, then LM training)",

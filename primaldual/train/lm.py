@@ -49,6 +49,7 @@ __all__ = [
     "LMDataModule",
     "LanguageModelModule",
     "RunTokenizer",
+    "load_run_lm",
     "build_lm",
     "generate_text",
     "lm_results",
@@ -407,6 +408,41 @@ class RunTokenizer:
         return self._dict.string(ids)
 
 
+def load_run_lm(
+    run_dir: str | os.PathLike, ckpt: str = "best", *, what: str = "this reads"
+) -> tuple[nn.Module, RunConfig, RunTokenizer]:
+    """The trained :class:`~primaldual.models.CausalLM` of a language-model run (eval mode), its config and its
+    tokenizer. The model is rebuilt from the run's ``config.yaml`` and the checkpoint (``best``, ``last`` or a path)
+    read in the safe mode and checked against it. ``what`` completes the refusal of another model kind.
+
+    Raises:
+        FileNotFoundError: no such run directory, config or checkpoint. ValueError: not a ``model.kind: lm`` run.
+    """
+    from .checkpoints import check_fits, load_checkpoint
+    from .rundir import run_config
+
+    run_dir = Path(run_dir)
+    cfg = run_config(run_dir)  # FileNotFoundError for a directory that is not a run
+    kind = cfg.model.resolved_kind(cfg.task)
+    if kind == "hf_gpt2":
+        raise ValueError(
+            f"{run_dir}: a model.kind 'hf_gpt2' run (Hugging Face's GPT-2); {what} primaldual's CausalLM "
+            "(model.kind 'lm') only"
+        )
+    if kind != "lm":
+        raise ValueError(f"{run_dir}: a {cfg.task!r} run, not a language model (task 'lm')")
+    tok = RunTokenizer(cfg, run_dir)
+    path = run_dir / "checkpoints" / f"{ckpt}.ckpt" if ckpt in ("best", "last") else Path(ckpt)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} not found")
+    state = load_checkpoint(path)  # safe: refuses anything but tensors and plain data
+    holder = nn.Module()
+    holder.model = build_lm(cfg, tok.vocab_size)  # keys "model.*", as in the Lightning module
+    check_fits(holder, state, path, str(run_dir / "config.yaml"))
+    holder.load_state_dict(state["state_dict"])
+    return holder.model.eval(), cfg, tok
+
+
 def generate_text(
     run_dir: str | os.PathLike,
     prompt: str,
@@ -426,26 +462,13 @@ def generate_text(
         FileNotFoundError: no such run directory, config or checkpoint. ValueError: an empty prompt, a prompt that
             with ``max_new_tokens`` needs more positions than the model has, a bad number, or not an LM run.
     """
-    from .checkpoints import check_fits, load_checkpoint
-    from .rundir import run_config
-
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError("--prompt: empty; give the text to continue")
     check_int("--max-new-tokens", max_new_tokens, low=0)
     check_number("--temperature", temperature, low=0.0)
     check_int("--top-k", top_k, low=1, allow_none=True)
     check_int("--seed", seed, low=0, high=2**64 - 1, allow_none=True)  # what torch.Generator takes
-    run_dir = Path(run_dir)
-    cfg = run_config(run_dir)  # FileNotFoundError for a directory that is not a run
-    kind = cfg.model.resolved_kind(cfg.task)
-    if kind == "hf_gpt2":
-        raise ValueError(
-            f"{run_dir}: a model.kind 'hf_gpt2' run (Hugging Face's GPT-2); primaldual generate decodes primaldual's "
-            "CausalLM (model.kind 'lm') only"
-        )
-    if kind != "lm":
-        raise ValueError(f"{run_dir}: a {cfg.task!r} run, not a language model (task 'lm')")
-    tok = RunTokenizer(cfg, run_dir)
+    model, cfg, tok = load_run_lm(run_dir, ckpt, what="primaldual generate decodes")
     ids = tok.encode(prompt)
     if not ids:
         raise ValueError(f"--prompt: {prompt!r} encodes to no tokens")
@@ -455,15 +478,6 @@ def generate_text(
             f"--prompt: {len(ids)} tokens + --max-new-tokens {max_new_tokens} = {len(ids) + max_new_tokens} exceeds "
             f"the model's {positions} positions (data.max_len); shorten the prompt or generate fewer tokens"
         )
-    path = run_dir / "checkpoints" / f"{ckpt}.ckpt" if ckpt in ("best", "last") else Path(ckpt)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} not found")
-    state = load_checkpoint(path)  # safe: refuses anything but tensors and plain data
-    holder = nn.Module()
-    holder.model = build_lm(cfg, tok.vocab_size)  # keys "model.*", as in the Lightning module
-    check_fits(holder, state, path, str(run_dir / "config.yaml"))
-    holder.load_state_dict(state["state_dict"])
-    model = holder.model.eval()
     out, mask = model.generate(
         torch.tensor([ids], dtype=torch.long),
         None,

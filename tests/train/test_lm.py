@@ -335,3 +335,37 @@ def test_accumulation_cuts_each_epoch_to_whole_updates():
     cut = TrainerEpochSampler(list(range(10)), None, 2, 2, **kw)  # 2 batches of 2 per update: 8 of 10 samples
     assert len(plain) == 10 and len(cut) == 8
     assert list(cut) == list(plain)[:8]
+
+
+def test_export_writes_a_transformers_directory_that_loads_and_generates_as_the_run(english_run, tmp_path, capsys):
+    """``primaldual export RUN --format hf`` (issue 46, item 18): AutoModelForCausalLM / AutoTokenizer load it, the
+    logits are the run's, HF greedy generate equals ours; the output directory is never someone else's."""
+    pytest.importorskip("transformers")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from primaldual.cli import main
+    from primaldual.train.lm import load_run_lm
+
+    out = tmp_path / "exported"
+    assert main(["export", str(english_run), "--format", "hf", "--out", str(out)]) == 0
+    ours, _, tok = load_run_lm(english_run)
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    hf_tok = AutoTokenizer.from_pretrained(out)
+    prompt = "the kernel of the"
+    assert hf_tok(prompt)["input_ids"] == tok.encode(prompt)
+    ids = torch.tensor([tok.encode(prompt)])
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, ours(ids), rtol=0, atol=1e-6)
+    new = ours.max_len - ids.shape[1]  # the tiny run has 16 positions
+    assert new >= 3
+    mine, _ = ours.generate(ids, max_new_tokens=new, temperature=0)
+    assert torch.equal(model.generate(ids, max_new_tokens=new, do_sample=False, pad_token_id=0), mine)
+    capsys.readouterr()
+    assert main(["export", str(english_run), "--format", "hf", "--out", str(out)]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert main(["export", str(english_run), "--format", "hf", "--out", str(out), "--force"]) == 0
+    mine_dir = tmp_path / "mine"
+    mine_dir.mkdir()
+    (mine_dir / "notes.txt").write_text("keep")
+    assert main(["export", str(english_run), "--format", "hf", "--out", str(mine_dir), "--force"]) == 2
+    assert "did not write" in capsys.readouterr().err and (mine_dir / "notes.txt").read_text() == "keep"

@@ -15,7 +15,9 @@ Tested with the transformers releases in :data:`TRANSFORMERS_RANGE` (the ``hf`` 
 at import with an ``ImportError``, a newer one gives an :class:`UntestedTransformersWarning`. Every contact with
 transformers internals is in :mod:`primaldual.integrations.hf.compat`.
 
-``import primaldual`` never imports transformers; import this module explicitly. See ``docs/integrations.md``.
+``import primaldual`` never imports transformers itself; import this module explicitly (``import primaldual`` imports
+it once transformers is imported, so that exported models load with the Auto classes, see
+:mod:`primaldual.integrations.hf.export`). See ``docs/integrations.md``.
 """
 
 from __future__ import annotations
@@ -30,10 +32,13 @@ from .compat import (
     resolve_cache_keyword,
 )
 from .convert import CONVERSIONS_KEY, convert, converted_layers, from_pretrained
+from .export import PrimalDualForCausalLM, PrimalDualLMCache, PrimalDualLMConfig, export_hf, register_auto_classes
 from .kernels import HF_KERNELS, register_hf_attentions
 from .masks import key_mask_from_hf
 from .modules import HFSelfAttention, primal_prefill_state
 from .trainer import PrimalDualTrainer, add_aux_loss
+
+register_auto_classes()  # AutoModelForCausalLM.from_pretrained of a `primaldual export` directory
 
 __all__ = [
     "CACHE_KEYWORDS",
@@ -44,14 +49,19 @@ __all__ = [
     "CacheKeywordError",
     "HFSelfAttention",
     "PrimalCacheLayer",
+    "PrimalDualForCausalLM",
+    "PrimalDualLMCache",
+    "PrimalDualLMConfig",
     "PrimalDualTrainer",
     "UntestedTransformersWarning",
     "add_aux_loss",
     "convert",
     "converted_layers",
+    "export_hf",
     "from_pretrained",
     "key_mask_from_hf",
     "primal_prefill_state",
+    "register_auto_classes",
     "register_hf_attentions",
     "resolve_cache_keyword",
 ]
