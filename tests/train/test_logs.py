@@ -26,6 +26,16 @@ def test_fit_to_a_log_file_is_its_own_lines_only(tmp_path, tiny_config):
     for noise in ("GPU available", "TPU available", "Tip", "deprecated", "LeafSpec", "`Trainer.fit` stopped"):
         assert noise not in text, noise
     assert "epoch 1/2" in text and "epoch 2/2" in text
+    # the same command again (a resume of a finished run): no note of Lightning's about the checkpoint folder
+    again = subprocess.run(
+        fit_cmd(tiny_config(**{"trainer.max_epochs": 2}), tmp_path / "run", "--threads", "1"),
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=300,
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "Warning" not in again.stdout + again.stderr and "not empty" not in again.stderr, again.stderr[-2000:]
 
 
 class _Stream(io.StringIO):
