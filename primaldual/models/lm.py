@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..encoder import Encoder
-from ..options import check_bool, check_int, check_number
+from ..options import check_bool, check_choice, check_int, check_number
+from .init import INITS, gpt2_init_
 
 __all__ = ["GREEDY_BELOW", "CausalLM", "LMState", "sinusoidal_table"]
 
@@ -50,6 +51,8 @@ class CausalLM(nn.Module):
         attention, attention_options: per-layer registry names / options, as :class:`~primaldual.Encoder`.
         positions: ``"learned"`` (a ``(max_len, dim)`` table) or ``"sinusoidal"`` (fixed; still capped at max_len).
         tie_embeddings: output layer shares the token embedding's weight (the reference LM does).
+        init: ``"pytorch"`` (the token embedding N(0, 1 / dim), each other module its default) or ``"gpt2"``
+            (GPT-2's, :func:`~primaldual.models.init.gpt2_init_`; the embedding is still scaled by sqrt(dim)).
     """
 
     def __init__(
@@ -66,9 +69,11 @@ class CausalLM(nn.Module):
         attention_options: dict[str, Any] | Sequence[dict[str, Any] | None] | None = None,
         positions: Literal["learned", "sinusoidal"] = "learned",
         tie_embeddings: bool = True,
+        init: Literal["pytorch", "gpt2"] = "pytorch",
     ) -> None:
         super().__init__()
         check_int("vocab_size", vocab_size, low=1)
+        check_choice("init", init, INITS)
         check_int("max_len", max_len, low=1)
         if positions not in ("learned", "sinusoidal"):
             raise ValueError(f"positions must be 'learned' or 'sinusoidal', got {positions!r}")
@@ -86,6 +91,9 @@ class CausalLM(nn.Module):
             dim, depth, num_heads, attention, attention_options, ffn_dim=ffn_dim, dropout=dropout, causal=True
         )
         self.head = None if tie_embeddings else nn.Linear(dim, vocab_size, bias=False)
+        self.init = init
+        if init == "gpt2":
+            gpt2_init_(self, self.decoder.blocks, depth)
 
     # ------------------------------------------------------------------------------------------------
     def _embed(self, ids: Tensor, positions: Tensor) -> Tensor:

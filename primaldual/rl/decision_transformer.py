@@ -41,11 +41,10 @@ import torch
 from torch import Tensor, nn
 
 from ..encoder import Encoder
+from ..models.init import INITS, gpt2_init_
 from ..options import check_bool, check_choice, check_int, check_number
 
 __all__ = ["INITS", "DecisionTransformer", "ReturnConditionedPolicy"]
-
-INITS = ("pytorch", "gpt2")  # the ``init`` choices
 
 
 class ReturnConditionedPolicy(nn.Module):
@@ -211,24 +210,9 @@ class DecisionTransformer(ReturnConditionedPolicy):
         if init == "gpt2":
             self._init_gpt2(depth)
 
-    @torch.no_grad()
     def _init_gpt2(self, depth: int) -> None:
-        """GPT-2's initialisation (Radford et al. 2019; Hugging Face's ``_init_weights``) of every linear and
-        embedding weight, LayerNorms to (1, 0)."""
-        std = 0.02
-        for module in self.modules():
-            if isinstance(module, nn.Linear | nn.Embedding):
-                module.weight.normal_(0.0, std)
-                if getattr(module, "bias", None) is not None:
-                    module.bias.zero_()
-            elif isinstance(module, nn.LayerNorm):
-                module.weight.fill_(1.0)
-                module.bias.zero_()
-        # the projections that write into the residual stream: their sum over 2 * depth blocks keeps variance ~ 0.02^2
-        for block in self.encoder.blocks:
-            for w in (getattr(block.attn, "proj", None), block.ffn.net[3]):
-                if isinstance(w, nn.Linear):
-                    w.weight.normal_(0.0, std / (2 * depth) ** 0.5)
+        """GPT-2's initialisation (:func:`~primaldual.models.init.gpt2_init_`)."""
+        gpt2_init_(self, self.encoder.blocks, depth)
 
     @property
     def attention_names(self) -> list[str]:

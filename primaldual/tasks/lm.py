@@ -29,7 +29,7 @@ class LanguageModelTask(Task):
     model_kinds = ("lm", "hf_gpt2")
     causal = True
     metrics = ("loss", "ppl")
-    keys = (("data", "val_size"), ("model", "positions"), ("model", "tie_embeddings"))
+    keys = (("data", "val_size"), ("model", "positions"), ("model", "tie_embeddings"), ("model", "init"))
 
     def check(self, cfg: RunConfig) -> None:
         d, m = cfg.data, cfg.model
@@ -47,6 +47,11 @@ class LanguageModelTask(Task):
                 raise ConfigError(
                     f"model.positions: model.kind 'hf_gpt2' is GPT-2, whose positions are a learned table (wpe); "
                     f"set it to 'learned' (got {m.positions!r})"
+                )
+            if m.init != "pytorch":
+                raise ConfigError(
+                    f"model.init: model.kind 'hf_gpt2' is initialised by transformers (GPT-2's own scheme); leave "
+                    f"model.init at 'pytorch' (got {m.init!r})"
                 )
 
     table_title = "Test perplexity"

@@ -175,6 +175,7 @@ def build_lm(cfg: RunConfig, vocab_size: int) -> nn.Module:
         positions=m.positions,
         **m.backbone_kwargs(),
         tie_embeddings=m.tie_embeddings,
+        init=m.init,
     )
 
 

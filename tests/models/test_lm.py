@@ -287,3 +287,25 @@ def test_generate_refuses_non_finite_logits_and_tiny_temperatures_are_greedy():
         model.decoder.blocks[0].ffn.net[0].weight.fill_(float("nan"))
     with pytest.raises(ValueError, match="logits hold NaN or Inf"):
         model.generate(ids, mask, max_new_tokens=2, temperature=0.0)
+
+
+def test_gpt2_initialisation_draws_the_scheme_and_keeps_the_primal_parameters():
+    from primaldual.models import CausalLM
+
+    torch.manual_seed(0)
+    kw = dict(dim=64, depth=4, num_heads=4, ffn_dim=128, attention=["softmax"] * 3 + ["primal"])
+    ref = CausalLM(100, 32, **kw)
+    torch.manual_seed(0)
+    m = CausalLM(100, 32, **kw, init="gpt2")
+    assert abs(m.embed.weight.std().item() - 0.02) < 2e-3
+    assert abs(m.decoder.blocks[0].ffn.net[0].weight.std().item() - 0.02) < 2e-3
+    assert abs(m.decoder.blocks[0].attn.proj.weight.std().item() - 0.02 / 8**0.5) < 1e-3  # residual: 0.02/sqrt(2L)
+    assert abs(m.decoder.blocks[0].ffn.net[3].weight.std().item() - 0.02 / 8**0.5) < 1e-3
+    primal = [n for n, _ in m.named_parameters() if n.endswith(("w_e", "w_r", "lam"))]
+    assert primal and all(  # the primal layer's own initialisation is kept
+        p.std().item() == pytest.approx(dict(ref.named_parameters())[n].std().item(), rel=0.3)
+        for n, p in m.named_parameters()
+        if n in primal
+    )
+    with pytest.raises(ValueError, match="init"):
+        CausalLM(100, 32, dim=16, depth=1, num_heads=2, ffn_dim=16, init="xavier")

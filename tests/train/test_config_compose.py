@@ -25,8 +25,9 @@ DATA = Path(__file__).resolve().parent / "data"
 # written by data/freeze_configs.py with the code of abb5f8c (the hand-written engine, before OmegaConf): every name
 # listed then, its RunConfig, fingerprint (the run directory) and the SHA-256 of its config.yaml text. The hashes
 # were rewritten when data.tokenisation / stand_in / train_pairs / eval_pairs / val_size and model.pooling /
-# positions / tie_embeddings became task-exclusive (config.yaml leaves them out of other tasks' runs); every
-# fingerprint stayed, and an older config.yaml listing them at their defaults resumes (tests/train/test_rundir.py)
+# positions / tie_embeddings became task-exclusive, and when model.init became an LM key too (config.yaml lists a
+# key for the tasks that read it only); every fingerprint stayed, and an older config.yaml resumes
+# (tests/train/test_rundir.py)
 FROZEN = json.loads((DATA / "frozen_configs.json").read_text())
 
 

@@ -73,6 +73,7 @@ BAD_VALUES = [
     (["--model.pooling", "cls"], "model.pooling: only task 'lra_image'"),
     (["--model.tie_embeddings", "false"], "model.tie_embeddings: only task 'lm' uses it"),
     (["--data.root", ""], "--data.root: empty value; give a value, or null for none"),
+    (["--model.init", "gpt2"], "model.init: only task 'lm' / 'offline_rl' uses it, not task 'uea'"),
     pytest.param(
         ["--trainer.accelerator", "gpu"],
         "trainer.accelerator: 'gpu', but this machine has no such device",
