@@ -111,8 +111,9 @@ def _foreign(run_dir: Path) -> list[str]:
 
 def _foreign_inside(run_dir: Path) -> list[str]:
     """The paths below ``run_dir`` that primaldual did not write: in its folders (``checkpoints/``, ``logs/``, ...),
-    every entry that is not one of its own names, and any symlink; a folder where it writes a file. Sorted,
-    relative to ``run_dir``."""
+    every entry that is not one of its own names, and any symlink (but W&B's own ``debug.log`` links in
+    ``logs/wandb/``, removed as links, never followed); a folder where it writes a file. Sorted, relative to
+    ``run_dir``."""
     out: list[str] = []
     for name in OWN:
         top = run_dir / name
@@ -127,7 +128,8 @@ def _foreign_inside(run_dir: Path) -> list[str]:
             base = Path(folder).relative_to(top)
             for entry in dirs + files:
                 rel = (base / entry).as_posix()
-                if (top / rel).is_symlink() or not pattern.fullmatch(rel):
+                link = (top / rel).is_symlink() and not (name == "logs" and rel.startswith("wandb/"))
+                if link or not pattern.fullmatch(rel):
                     out.append(f"{name}/{rel}")
             dirs[:] = [d for d in dirs if pattern.fullmatch((base / d).as_posix())]
     return sorted(out)

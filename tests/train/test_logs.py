@@ -67,6 +67,28 @@ def test_tensorboard_logger_writes_event_files_beside_the_csv_log(tmp_path, tiny
     )
 
 
+def test_wandb_logger_writes_an_offline_run_folder_in_the_run_directory(tmp_path, tiny_config):
+    """W&B in offline mode (its default here): nothing leaves the machine, the run folder is under logs/wandb/ (which
+    --fresh counts as primaldual's own). Skipped where wandb is not installed."""
+    import os
+
+    import pytest
+
+    pytest.importorskip("wandb")
+    from .helpers import env, fit_cmd
+
+    run_dir = tmp_path / "run"
+    cmd = fit_cmd(tiny_config(**{"trainer.max_epochs": 1, "trainer.logger": "wandb"}), run_dir, "--threads", "1")
+    e = {k: v for k, v in env().items() if not k.startswith("WANDB_")}
+    res = subprocess.run(cmd, capture_output=True, text=True, env={**e, "WANDB_SILENT": "true"}, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    runs = list((run_dir / "logs" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb")), os.listdir(run_dir / "logs")
+    from primaldual.train.rundir import _foreign_inside
+
+    assert _foreign_inside(run_dir) == []
+
+
 def test_logger_choice_is_checked_and_leaves_the_fingerprint(tmp_path, tiny_config):
     import pytest
 
