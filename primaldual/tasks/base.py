@@ -211,14 +211,22 @@ def list_tasks() -> list[str]:
     return sorted({*_REGISTRY, *_plugins()})
 
 
-def exclusive_keys() -> dict[tuple[str, str | None], set[str]]:
-    """``(section, key or None for the whole section) -> the tasks that read it``, over every registered task."""
+def exclusive_keys(task: str | None = None) -> dict[tuple[str, str | None], set[str]]:
+    """``(section, key or None for the whole section) -> the tasks that read it``, over the built-in tasks, the tasks
+    registered in this process, and ``task`` (a plugin's is loaded). Other installed plugins are not loaded: a
+    broken or slow plugin affects only the configs that name its task."""
+    for module in sorted(set(_BUILTIN.values())):
+        importlib.import_module(f"{__package__}.{module}")
+    names = set(_REGISTRY)
+    if task is not None:
+        get_task(task)  # loads a plugin's task; ConfigError for an unknown name
+        names.add(task)
     owners: dict[tuple[str, str | None], set[str]] = {}
-    for name in list_tasks():
-        task = get_task(name)  # a plugin task declared by an entry point is loaded to learn what it owns
-        for section in task.sections:
+    for name in sorted(names):
+        t = _REGISTRY[name]
+        for section in t.sections:
             owners.setdefault((section, None), set()).add(name)
-        for key in task.keys:
+        for key in t.keys:
             owners.setdefault(key, set()).add(name)
     return owners
 

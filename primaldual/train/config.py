@@ -241,7 +241,7 @@ def dump_config(cfg: RunConfig) -> str:
         d["trainer"].pop("compile")
     if cfg.trainer.logger == "csv":
         d["trainer"].pop("logger")
-    for (section, key), owners in exclusive_keys().items():
+    for (section, key), owners in exclusive_keys(cfg.task).items():
         if cfg.task in owners:
             continue
         if key is None and d[section] == defaults[section]:

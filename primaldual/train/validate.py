@@ -255,7 +255,7 @@ def validate_config(cfg: RunConfig) -> None:
 def _validate_exclusive(cfg: RunConfig) -> None:
     """Sections and keys that only some tasks read stay at their defaults in every other task's config."""
     defaults = RunConfig()
-    for (section, key), owners in exclusive_keys().items():
+    for (section, key), owners in exclusive_keys(cfg.task).items():
         if cfg.task in owners:
             continue
         value, default = getattr(cfg, section), getattr(defaults, section)

@@ -92,7 +92,7 @@ def _config(tmp_path: Path) -> Path:
 
 
 def test_every_built_in_task_is_registered():
-    assert list_tasks() == BUILT_IN
+    assert set(BUILT_IN) <= set(list_tasks())  # installed plugins may add names
     assert get_task("lra_retrieval").model_kinds[0] == "retrieval" and get_task("uea").protocols == ("heldout", "paper")
 
 
@@ -152,3 +152,20 @@ def test_a_task_declared_by_an_entry_point_is_loaded_by_name(monkeypatch, tmp_pa
         assert load_config(_config(tmp_path)).task == "toy_parity"  # loaded on first use, no import of ours
     finally:
         unregister_task("toy_parity")
+
+
+def test_a_broken_plugin_fails_only_the_configs_that_name_its_task(monkeypatch, tmp_path):
+    """Issue 47: an installed plugin whose import raises (or is slow) is never loaded for a built-in config."""
+    from primaldual.tasks import base
+
+    class Broken:
+        name = "broken_task"
+
+        def load(self):
+            raise ImportError("the plugin's dependency is missing")
+
+    monkeypatch.setattr(base, "_plugins", lambda: {"broken_task": Broken()})
+    assert load_config("uea/default").task == "uea"
+    assert load_config("uea/default", ["--trainer.max_epochs", "2"]).trainer.max_epochs == 2
+    with pytest.raises(ImportError, match="dependency is missing"):
+        get_task("broken_task")
