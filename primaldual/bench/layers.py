@@ -101,6 +101,7 @@ class SweepConfig:
     threads: int = 0
     options: dict[str, dict[str, Any]] | None = None
     quadratic_max: int | None = None  # skip N above this for mechanisms with O(N^2) time
+    sdpa_backend: str | None = None  # force torch's SDPA to one backend (flash, cudnn, efficient, math)
 
 
 def _is_quadratic(name: str) -> bool:
@@ -188,6 +189,30 @@ def _case_call(case: dict[str, Any]) -> tuple[Any, Any]:
         if device.type == "cuda":
             torch.cuda.synchronize()
 
+    call = _plain_call(case, layer, x)
+    backend = case.get("sdpa_backend")
+    if backend is None:
+        return call, sync
+    # the softmax layers run torch's SDPA: forced to one backend, one that cannot run is the case's error
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    forced = {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "math": SDPBackend.MATH,
+    }[backend]
+
+    def forced_call():
+        with sdpa_kernel(forced):
+            call()
+
+    return forced_call, sync
+
+
+def _plain_call(case: dict[str, Any], layer: Any, x: Any) -> Any:
+    import torch
+
     def call():
         if case["mode"] == "fwd":
             with torch.no_grad():
@@ -202,7 +227,7 @@ def _case_call(case: dict[str, Any]) -> tuple[Any, Any]:
             x.grad = None
             layer.zero_grad(set_to_none=True)
 
-    return call, sync
+    return call
 
 
 def profile_tables(call: Any, sync: Any, device: str, calls: int, head: str, rows: int = 12) -> str:
@@ -411,6 +436,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=0, help="torch threads per case (0 = default)")
     p.add_argument("--options", default="{}", help='JSON per-attention options, e.g. {"primal": {"s": 20}}')
     p.add_argument(
+        "--sdpa-backend",
+        default=None,
+        choices=["flash", "cudnn", "efficient", "math"],
+        help="force torch's scaled_dot_product_attention (the softmax layers) to this backend in every case",
+    )
+    p.add_argument(
         "--quadratic-max",
         type=int,
         default=None,
@@ -486,6 +517,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         threads=args.threads,
         options=_floor_options(_options(args.options)),
         quadratic_max=args.quadratic_max,
+        sdpa_backend=args.sdpa_backend,
     )
     bad = [m for m in cfg.modes if m not in ("fwd", "fwd_bwd")]
     if bad:

@@ -1,0 +1,326 @@
+"""The prepared GPU run: correctness first, then the primal layer against SDPA, LM steps, decoding and LRA steps.
+
+One command on a machine with one GPU (an H100 or H200), sized to about 7 minutes::
+
+    python benchmarks/gpu_suite.py --out gpu_suite
+
+Steps, each with a time budget; after every step ``suite.json`` (the environment and every step's records) and
+``suite.md`` (its tables) are rewritten atomically, so a run cut off keeps what it measured:
+
+1. ``tests``: the test files with CUDA cases (``pytest -rs``); the timing steps run only when they pass.
+2. ``layers``: one attention layer (with its QKV and output projections), bfloat16, forward + backward, width 768,
+   12 heads, s = 20, N = 1K-64K at 64K tokens per call (batch 64K / N), causal and not: softmax with SDPA forced to
+   its flash backend, and to cuDNN; primal eager and with its compiled core; the projection floor
+   (``primaldual bench layers``, one process per case, median and minimum of the timed calls, peak memory).
+3. ``lm_steps``: training steps of ``lm/english/medium/{transformer,primalformer}`` at 256, 1K and 4K tokens,
+   eager and compiled (``primaldual bench steps``; needs ``primaldual data fetch english``).
+4. ``decode``: ms per generated token at 1K-64K context, batch 1 and 8, softmax's KV cache against primal and
+   linear states (``primaldual bench decode``, random weights).
+5. ``lra``: LRA training steps at the paper's batch sizes with AMP (``primaldual bench lra --amp``).
+
+Not here yet (issue 44): the Triton kernel of the primal layer and CUDA-graph decoding; their rows are added when
+they exist. ``--quick --device cpu`` runs every step at toy sizes (what CI checks; no GPU figures).
+
+Written by hand: it orchestrates our own ``primaldual bench`` commands and records the machine; nothing to reuse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU_TEST_FILES = ("tests/models/test_lm.py", "tests/train/test_compile.py", "tests/data/test_augment.py")
+LENGTHS = (1024, 4096, 16384, 65536)
+TOKENS_PER_CALL = 65536
+# (label, attention, sdpa backend, options, shortest N): the mechanisms of the layer sweep; the compiled primal
+# layer compiles in each case's own process (tens of seconds), so it runs at the long lengths only
+LAYER_CASES = (
+    ("softmax_flash", "softmax", "flash", {}, 0),
+    ("softmax_cudnn", "softmax", "cudnn", {}, 0),
+    ("primal", "primal", None, {"s": 20}, 0),
+    ("primal_compiled", "primal", None, {"s": 20, "compile": True}, 16384),
+    ("floor", "projections", None, {"s": 20}, 0),  # the primal layer's projections alone
+)
+BUDGETS = {"tests": 90.0, "layers": 200.0, "lm_steps": 60.0, "decode": 80.0, "lra": 40.0}
+
+
+def environment(device: str) -> dict[str, Any]:
+    """Device, torch, triton, CUDA and driver versions."""
+    import torch
+
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": device,
+        "host": platform.node(),
+        "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    if device.startswith("cuda") and torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(0)
+        env["gpu_memory_gb"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+        env["cudnn"] = torch.backends.cudnn.version()
+    if shutil.which("nvidia-smi"):
+        q = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version,name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        env["driver"] = q.stdout.strip() or None
+    return env
+
+
+class Suite:
+    """The output folder: ``suite.json`` and ``suite.md``, rewritten after every step."""
+
+    def __init__(self, out: Path, env: dict[str, Any], settings: dict[str, Any]) -> None:
+        self.out = out
+        self.record: dict[str, Any] = {"environment": env, "settings": settings, "steps": {}}
+
+    def save(self) -> None:
+        from primaldual.utils.io import atomic_write_json, atomic_write_text
+
+        atomic_write_json(self.out / "suite.json", self.record, indent=2)
+        atomic_write_text(self.out / "suite.md", self.markdown())
+
+    def step(self, name: str, result: dict[str, Any]) -> None:
+        self.record["steps"][name] = result
+        self.save()
+        print(f"[{name}] {result['status']} in {result.get('seconds', 0):.0f} s", flush=True)
+
+    def markdown(self) -> str:
+        env = self.record["environment"]
+        lines = [
+            "# GPU suite",
+            "",
+            ", ".join(f"{k}: {v}" for k, v in env.items() if v is not None),
+            "",
+        ]
+        for name, res in self.record["steps"].items():
+            lines += [f"## {name}: {res['status']} ({res.get('seconds', 0):.0f} s)", ""]
+            if res.get("reason"):
+                lines += [res["reason"], ""]
+            if name == "layers" and res.get("records"):
+                lines += _layer_table(res["records"]) + [""]
+            for path in res.get("tables", []):
+                p = self.out / path
+                if p.is_file():
+                    lines += [p.read_text().strip(), ""]
+        return "\n".join(lines) + "\n"
+
+
+def _layer_table(records: list[dict[str, Any]]) -> list[str]:
+    """Rows: mechanism, causal; columns: N; cells: median ms (peak MB) of forward + backward."""
+    lengths = sorted({r["length"] for r in records})
+    rows: dict[tuple[str, bool], dict[int, str]] = {}
+    for r in records:
+        cell = f"{r['time_ms']:.2f} ms ({r['peak_mem_mb']:.0f} MB)" if r.get("status") == "ok" else r.get("status")
+        rows.setdefault((r["label"], r["causal"]), {})[r["length"]] = str(cell)
+    head = "| mechanism | causal | " + " | ".join(f"N={n}" for n in lengths) + " |"
+    out = [head, "|" + "---|" * (len(lengths) + 2)]
+    for (label, causal), cells in rows.items():
+        out.append(f"| {label} | {causal} | " + " | ".join(cells.get(n, "") for n in lengths) + " |")
+    return out
+
+
+def _run(cmd: list[str], timeout: float) -> tuple[int | None, str]:
+    """Run ``cmd`` from the repository root; ``(exit code or None on timeout, the end of its output)``."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    try:
+        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(1.0, timeout), env=env)
+    except subprocess.TimeoutExpired as e:
+        tail = (e.stdout or b"")[-2000:]
+        return None, tail.decode() if isinstance(tail, bytes) else tail
+    return res.returncode, (res.stdout + res.stderr)[-3000:]
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "primaldual.cli", *args]
+
+
+def step_tests(suite: Suite, args: argparse.Namespace) -> bool:
+    t0 = time.perf_counter()
+    files = [f for f in GPU_TEST_FILES if (ROOT / f).is_file()]
+    select = ["-k", "cuda"] if args.quick else []  # --quick: collect and skip the CUDA cases only
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *select, *files]
+    code, tail = _run(cmd, BUDGETS["tests"] * args.budget_scale)
+    ok = code == 0
+    suite.step(
+        "tests",
+        {"status": "passed" if ok else "failed", "seconds": time.perf_counter() - t0, "files": files, "output": tail},
+    )
+    return ok
+
+
+def step_layers(suite: Suite, args: argparse.Namespace) -> None:
+    t0 = time.perf_counter()
+    budget = BUDGETS["layers"] * args.budget_scale
+    lengths = (64,) if args.quick else LENGTHS
+    tokens = 256 if args.quick else TOKENS_PER_CALL
+    dim, heads = (32, 2) if args.quick else (768, 12)
+    dtype = "float32" if args.quick else "bfloat16"
+    records: list[dict[str, Any]] = []
+    status = "done"
+    work = suite.out / "layers"
+    for causal in (False,) if args.quick else (False, True):
+        for label, attention, backend, options, shortest in LAYER_CASES:
+            if args.quick and (options.get("compile") or backend == "cudnn"):
+                continue  # minutes of CPU compilation; no cuDNN on a CPU: no information at toy sizes
+            for n in (n for n in lengths if n >= shortest or args.quick):
+                left = budget - (time.perf_counter() - t0)
+                if left <= 0:
+                    status = "budget spent"
+                    break
+                opts = {**options, "s": min(options.get("s", 20), 8)} if args.quick and "s" in options else options
+                if causal and attention != "projections":
+                    opts = {**opts, "causal": True}
+                out = work / f"{label}_{'causal' if causal else 'full'}_{n}.json"
+                cmd = _cli(
+                    "bench", "layers", "--attentions", attention, "--lengths", str(n), "--modes", "fwd_bwd",
+                    "--batch", str(max(1, tokens // n)), "--dim", str(dim), "--heads", str(heads),
+                    "--dtype", dtype, "--device", args.device, "--repeats", "1" if args.quick else "5",
+                    "--warmup", "0" if args.quick else "2", "--timeout", str(max(5.0, min(left, 120.0))),
+                    "--options", json.dumps({attention: opts} if opts else {}), "--out", str(out),
+                )  # fmt: skip
+                if backend is not None:
+                    cmd += ["--sdpa-backend", backend]
+                code, tail = _run(cmd, left)
+                rec: dict[str, Any] = {"label": label, "causal": causal, "length": n, "batch": max(1, tokens // n)}
+                if code == 0 and out.is_file():
+                    case = json.loads(out.read_text())["records"][0]
+                    rec.update(status=case.get("status"), time_ms=case.get("time_ms"),
+                               time_min_ms=case.get("time_min_ms"), peak_mem_mb=case.get("peak_mem_mb"))  # fmt: skip
+                    if case.get("error"):
+                        rec["error"] = case["error"][-300:]
+                else:
+                    rec.update(status="error" if code is not None else "timeout", error=tail[-300:])
+                records.append(rec)
+            if status != "done":
+                break
+        if status != "done":
+            break
+    settings = {"dim": dim, "heads": heads, "dtype": dtype, "tokens_per_call": tokens, "mode": "fwd_bwd"}
+    suite.step(
+        "layers", {"status": status, "seconds": time.perf_counter() - t0, "settings": settings, "records": records}
+    )
+
+
+def step_lm_steps(suite: Suite, args: argparse.Namespace) -> None:
+    t0 = time.perf_counter()
+    if args.quick:
+        suite.step("lm_steps", {"status": "skipped", "seconds": 0.0, "reason": "--quick: needs the English corpus"})
+        return
+    runs = []
+    for compiled in (False, True):
+        for n in (256, 1024, 4096):
+            left = BUDGETS["lm_steps"] * args.budget_scale - (time.perf_counter() - t0)
+            if left <= 0:
+                break
+            out = suite.out / "lm_steps" / f"n{n}{'_compiled' if compiled else ''}"
+            cmd = _cli(
+                "bench", "steps", "lm/english/medium/transformer", "lm/english/medium/primalformer",
+                "--device", args.device, "--steps", "5", "--warmup", "2",
+                "--set", f"data.max_len={n}", "--set", f"trainer.compile={str(compiled).lower()}", "--out", str(out),
+            )  # fmt: skip
+            code, tail = _run(cmd, left)
+            runs.append({"tokens": n, "compiled": compiled, "exit": code, "out": str(out.relative_to(suite.out))})
+            if code != 0:
+                runs[-1]["error"] = tail[-500:]
+    tables = [str(Path(r["out"]) / "steps.md") for r in runs if r["exit"] == 0]
+    status = "done" if runs and all(r["exit"] == 0 for r in runs) else "partial"
+    suite.step("lm_steps", {"status": status, "seconds": time.perf_counter() - t0, "runs": runs, "tables": tables})
+
+
+def step_decode(suite: Suite, args: argparse.Namespace) -> None:
+    t0 = time.perf_counter()
+    out = suite.out / "decode" / "decode.json"
+    contexts = "32" if args.quick else "1024,16384,65536"
+    size = ["--dim", "32", "--depth", "1", "--heads", "2", "--vocab", "64"] if args.quick else []
+    cmd = _cli(
+        "bench", "decode", "--device", args.device, "--contexts", contexts, "--batches", "1" if args.quick else "1,8",
+        "--attentions", "softmax,primal" if args.quick else "softmax,primal,linear",
+        "--steps", "2" if args.quick else "16", *size, "--out", str(out),
+    )  # fmt: skip
+    code, tail = _run(cmd, BUDGETS["decode"] * args.budget_scale)
+    res: dict[str, Any] = {"status": "done" if code == 0 else "failed", "seconds": time.perf_counter() - t0}
+    if code == 0:
+        res["tables"] = [str(out.with_suffix(".md").relative_to(suite.out))]
+        res["records"] = json.loads(out.read_text()).get("records", [])
+    else:
+        res["error"] = tail[-800:]
+    suite.step("decode", res)
+
+
+def step_lra(suite: Suite, args: argparse.Namespace) -> None:
+    t0 = time.perf_counter()
+    if args.quick:
+        suite.step("lra", {"status": "skipped", "seconds": 0.0, "reason": "--quick: the paper's batch sizes"})
+        return
+    out = suite.out / "lra" / "lra.json"
+    cmd = _cli(
+        "bench", "lra", "--device", args.device, "--amp", "--tasks", "listops,text", "--steps", "5", "--out", str(out)
+    )
+    code, tail = _run(cmd, BUDGETS["lra"] * args.budget_scale)
+    res: dict[str, Any] = {"status": "done" if code == 0 else "failed", "seconds": time.perf_counter() - t0}
+    if code == 0:
+        res["records"] = json.loads(out.read_text()).get("records", [])
+    else:
+        res["error"] = tail[-800:]
+    suite.step("lra", res)
+
+
+STEPS = {"layers": step_layers, "lm_steps": step_lm_steps, "decode": step_decode, "lra": step_lra}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="output folder (suite.json, suite.md, each step's files)")
+    p.add_argument("--device", default="cuda", help="cuda (default), or cpu with --quick")
+    p.add_argument("--quick", action="store_true", help="toy sizes: checks that every step runs (no figures)")
+    p.add_argument("--steps", default="tests," + ",".join(STEPS), help="comma list of steps to run, in order")
+    p.add_argument("--budget-scale", type=float, default=1.0, help="multiply every step's time budget")
+    args = p.parse_args(argv)
+    chosen = [s.strip() for s in args.steps.split(",") if s.strip()]
+    if unknown := [s for s in chosen if s != "tests" and s not in STEPS]:
+        p.error(f"--steps: unknown {unknown}; choose from {['tests', *STEPS]}")
+    if args.budget_scale <= 0:
+        p.error("--budget-scale: expected a number > 0")
+    if args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            p.error("--device cuda: no CUDA device here (run with --quick --device cpu to check the steps)")
+    elif not args.quick:
+        p.error("--device cpu: only with --quick (the figures are GPU figures)")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    suite = Suite(out, environment(args.device), {"quick": args.quick, "steps": chosen, "budgets": BUDGETS})
+    suite.save()
+    if "tests" in chosen and not step_tests(suite, args):
+        print("the correctness tests failed: no timing (see suite.json)", flush=True)
+        return 1
+    for name in chosen:
+        if name != "tests":
+            STEPS[name](suite, args)
+    print(f"wrote {out / 'suite.json'} and {out / 'suite.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

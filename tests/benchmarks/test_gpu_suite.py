@@ -1,0 +1,29 @@
+"""benchmarks/gpu_suite.py at toy sizes on the CPU (``--quick``): every step runs and the output folder holds
+``suite.json`` and ``suite.md`` after it; the GPU figures come from a run on a GPU (docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_quick_run_writes_every_step_and_refuses_the_cpu_without_quick(tmp_path):
+    script = ROOT / "benchmarks" / "gpu_suite.py"
+    out = tmp_path / "suite"
+    cmd = [sys.executable, str(script), "--out", str(out), "--device", "cpu", "--quick", "--steps", "tests,layers"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    suite = json.loads((out / "suite.json").read_text())
+    assert suite["environment"]["torch"] and suite["steps"]["tests"]["status"] == "passed"
+    layers = suite["steps"]["layers"]
+    assert layers["status"] == "done"
+    by_label = {r["label"]: r for r in layers["records"]}
+    assert by_label["primal"]["status"] == "ok" and by_label["floor"]["status"] == "ok"
+    assert "| primal | False |" in (out / "suite.md").read_text()
+    bad = subprocess.run([sys.executable, str(script), "--out", str(out), "--device", "cpu"], capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert bad.returncode == 2 and "only with --quick" in bad.stderr
