@@ -6,7 +6,7 @@ plans, and the training configs use them (``model.plan``). Auxiliary losses (KSV
 task loss by the training module via :func:`primaldual.collect_aux_loss`.
 """
 
-from ..rl.decision_transformer import DecisionTransformer
+from .decision_transformer import DecisionTransformer
 from .lm import CausalLM, LMState
 from .plans import primal_plus, primalformer
 from .pooling import masked_mean

@@ -1,6 +1,6 @@
-"""Offline RL, all in one place: the Decision Transformer (:mod:`.decision_transformer`), its training loop
-(:mod:`.train`, task ``offline_rl``) and gymnasium v4 MuJoCo rollouts scored by D4RL's normalised score
-(:mod:`.evaluate`).
+"""Offline RL: the Decision Transformer's training loop (:mod:`.train`, task ``offline_rl``) and gymnasium v4 MuJoCo
+rollouts scored by D4RL's normalised score (:mod:`.evaluate`). The model is
+:mod:`primaldual.models.decision_transformer`.
 
 gymnasium is imported on first use (the ``rl`` extra); :func:`normalized_score` and the reference constants work
 without it. Data: :mod:`primaldual.data.d4rl` reads the D4RL HDF5 layout; :mod:`primaldual.recipes.d4rl` builds

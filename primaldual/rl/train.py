@@ -165,7 +165,7 @@ def behaviour_score(meta: dict[str, Any], kind: str) -> dict[str, Any] | None:
 def build_dt(cfg: RunConfig, state_dim: int, act_dim: int) -> nn.Module:
     """The :class:`~primaldual.models.DecisionTransformer` of ``cfg.model`` / ``cfg.rl`` for these sizes, or for
     ``model.kind: hf_dt`` Hugging Face's (:class:`~primaldual.integrations.hf.peers.HFDecisionTransformer`)."""
-    from .decision_transformer import DecisionTransformer
+    from ..models.decision_transformer import DecisionTransformer
 
     m = cfg.model
     if m.resolved_kind(cfg.task) == "hf_dt":

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ..encoder import ACTIVATIONS
+from ..models.init import INITS
 from ..options import check_bool, check_choice, check_int, check_number
-from ..rl.decision_transformer import INITS
 from ..tasks.base import exclusive_keys, get_task
 from .compose import PLAN_KEYS
 from .config import SECTIONS, ModelConfig, RunConfig, yaml_hint

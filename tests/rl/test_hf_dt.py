@@ -269,5 +269,8 @@ def test_hf_dt_refuses_our_block_options():
         load_config("rl/hopper-medium/primal_plus", ["--model.attn_drop", "0.1"])
     with pytest.raises(ConfigError, match="model.init must be one of 'pytorch', 'gpt2'"):
         load_config("rl/hopper-medium/dt", ["--model.init", "xavier"])
-    with pytest.raises(ConfigError, match="model.init"):
-        load_config("lm/english/reduced/transformer", ["--model.init", "gpt2"])
+    assert load_config("lm/english/reduced/transformer", ["--model.init", "gpt2"]).model.init == "gpt2"  # an LM key too
+    with pytest.raises(ConfigError, match="model.init: model.kind 'hf_gpt2' is initialised by transformers"):
+        load_config("lm/english/reduced/hf_gpt2", ["--model.init", "gpt2"])
+    with pytest.raises(ConfigError, match="model.init: only task 'lm' / 'offline_rl' uses it"):
+        load_config("uea/default", ["--model.init", "gpt2"])

@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ...models.decision_transformer import ReturnConditionedPolicy
 from ...options import check_bool, check_int, check_number
-from ...rl.decision_transformer import ReturnConditionedPolicy
 from .compat import DecisionTransformerConfig, DecisionTransformerModel, GPT2Config, GPT2LMHeadModel
 
 __all__ = ["HFDecisionTransformer", "HFGPT2LM", "gpt2_lm", "gpt2_parameter_count"]

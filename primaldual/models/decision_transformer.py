@@ -41,8 +41,8 @@ import torch
 from torch import Tensor, nn
 
 from ..encoder import Encoder
-from ..models.init import INITS, gpt2_init_
 from ..options import check_bool, check_choice, check_int, check_number
+from .init import INITS, gpt2_init_
 
 __all__ = ["INITS", "DecisionTransformer", "ReturnConditionedPolicy"]
 
