@@ -2,8 +2,8 @@
 uninterrupted run of the same command.
 
 Each trial starts ``primaldual fit`` in a new run directory, kills it (SIGKILL: no handler runs) after a random
-delay drawn from the uninterrupted run's own wall time, and starts the same command again, until a start ends by
-itself. The kills land anywhere: during start-up, in an epoch, inside a checkpoint or history write. A trial passes
+delay drawn from the uninterrupted run's own wall time (the bound doubles after every 10 kills, for a busier
+machine), and starts the same command again, until a start ends by itself. The kills land anywhere: during start-up, in an epoch, inside a checkpoint or history write. A trial passes
 when the run ends with exit 0 and its ``summary.json`` metrics, every ``history.csv`` row and the last checkpoint's
 weights equal the uninterrupted run's, bit for bit, and the run directory holds nothing but primaldual's own
 entries (no leftover temporary file).
@@ -82,7 +82,9 @@ def trial(
     """Kill ``cmd`` at random moments until a start finishes; compare with ``reference``."""
     kills: list[float] = []
     for _ in range(max_starts):
-        delay = rng.uniform(0.3, span)
+        # on a machine busier than during the uninterrupted run a start may need longer than ``span`` to reach its
+        # first checkpoint: the bound doubles after every 10 kills, so a trial always ends
+        delay = rng.uniform(0.3, span * 2 ** (len(kills) // 10))
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
             _, err = proc.communicate(timeout=delay)
