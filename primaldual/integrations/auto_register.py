@@ -4,8 +4,8 @@ A directory written by ``primaldual export RUN --format hf`` has ``model_type: p
 knows only once :mod:`primaldual.integrations.hf` has registered it. ``import primaldual`` must stay free of
 transformers (its import takes seconds and the core is torch-only), so :func:`install` registers at once when
 transformers is already imported, and otherwise leaves a one-shot import hook that registers right after
-transformers' own import finishes. A failure there (an untested transformers release) is a warning, never an error
-in the user's ``import transformers``. Written by hand: the standard library has no post-import hook.
+transformers' own import finishes. A failure there is never an error in the user's ``import transformers``: an
+``ImportError`` (a transformers release outside the ``hf`` extra's range) is silent, anything else a warning. Written by hand: the standard library has no post-import hook.
 """
 
 from __future__ import annotations
@@ -23,6 +23,10 @@ __all__ = ["install"]
 def _register() -> None:
     try:
         import primaldual.integrations.hf  # noqa: F401  (its import registers the Auto classes)
+    except ImportError:
+        # a transformers release outside the hf extra's range (or a missing dependency of the integration): the
+        # user may not use our HF side at all, so no warning here; `import primaldual.integrations.hf` says why
+        return
     except Exception as e:  # noqa: BLE001  (the user's import of transformers must not fail because of ours)
         warnings.warn(
             f"primaldual: exported models are not registered with transformers' Auto classes ({type(e).__name__}: "
