@@ -296,13 +296,7 @@ def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike, *, ckpt: str =
     config = PrimalDualLMConfig(
         vocab_size=lm.vocab_size,
         max_len=lm.max_len,
-        dim=m.dim,
-        depth=m.depth,
-        num_heads=m.num_heads,
-        ffn_dim=m.ffn_dim,
-        dropout=m.dropout,
-        attention=m.attention,
-        attention_options=m.attention_options,
+        **m.backbone_kwargs(),
         positions=m.positions,
         tie_embeddings=m.tie_embeddings,
     )
