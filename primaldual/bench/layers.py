@@ -90,6 +90,7 @@ class SweepConfig:
     lengths: list[int]
     modes: list[str]
     batch: int = 4
+    tokens: int | None = None  # if set, each case's batch is max(1, tokens // N): equal work per call across N
     dim: int = 64
     heads: int = 2
     dtype: str = "float32"
@@ -336,14 +337,16 @@ def run_sweep(cfg: SweepConfig, out: Path, progress: bool = True) -> list[dict[s
     except ImportError:
         it = cases
     for attn, mode, n in it:
+        batch = cfg.batch if cfg.tokens is None else max(1, cfg.tokens // n)
         case = {
             **asdict(cfg),
             "attention": attn,
             "mode": mode,
             "length": n,
+            "batch": batch,
             "options": (cfg.options or {}).get(attn, {}),
         }
-        for k in ("attentions", "lengths", "modes"):
+        for k in ("attentions", "lengths", "modes", "tokens"):
             case.pop(k)
         if (attn, mode) in failed:
             res = {"status": "skipped", "error": "failed at a smaller N"}
@@ -353,7 +356,7 @@ def run_sweep(cfg: SweepConfig, out: Path, progress: bool = True) -> list[dict[s
             res = run_case(case)
             if res["status"] != "ok":
                 failed.add((attn, mode))
-        rec = {"attention": attn, "mode": mode, "length": n, "batch": cfg.batch, "dim": cfg.dim, "heads": cfg.heads}
+        rec = {"attention": attn, "mode": mode, "length": n, "batch": batch, "dim": cfg.dim, "heads": cfg.heads}
         rec.update({"dtype": cfg.dtype, "device": cfg.device, "options": case["options"], **res})
         records.append(rec)
         if hasattr(it, "set_postfix"):
@@ -424,7 +427,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peers", action="store_true", help="also run performer and nystrom (the 'bench' extra)")
     p.add_argument("--lengths", default="256,1024,4096,16384,65536", help="comma list of N")
     p.add_argument("--modes", default="fwd,fwd_bwd", help="comma list of fwd, fwd_bwd")
-    p.add_argument("--batch", type=int, default=4, help="batch size")
+    p.add_argument("--batch", type=int, default=None, help="batch size (default 4)")
+    p.add_argument(
+        "--tokens",
+        type=int,
+        default=None,
+        help="tokens per call instead of --batch: each length N runs at batch max(1, TOKENS // N)",
+    )
     p.add_argument("--dim", type=int, default=64, help="width")
     p.add_argument("--heads", type=int, default=2, help="heads")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16"])
@@ -501,11 +510,17 @@ def run_from_args(args: argparse.Namespace) -> int:
     unknown = [a for a in attns if a not in names and a not in PEERS and a != FLOOR]
     if unknown:
         raise ValueError(f"--attentions: unknown {unknown}; choose from {[*names, FLOOR, *PEERS]}")
+    if args.batch is not None and args.tokens is not None:
+        raise ValueError("--batch and --tokens: give one (--tokens sets each length's batch to TOKENS // N)")
+    for flag, value in (("--batch", args.batch), ("--tokens", args.tokens)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag}: expected an integer >= 1, got {value}")
     cfg = SweepConfig(
         attentions=attns,
         lengths=_int_list(args.lengths, "--lengths"),
         modes=[m.strip() for m in args.modes.split(",")],
-        batch=args.batch,
+        batch=4 if args.batch is None else args.batch,
+        tokens=args.tokens,
         dim=args.dim,
         heads=args.heads,
         dtype=args.dtype,
