@@ -73,3 +73,24 @@ def test_primal_sweep_records_its_projection_floor(tmp_path):
     assert next(r for r in recs if r["attention"] == FLOOR)["options"] == {"s": 4}
     floor = projection_floor(64, 2, s=20)
     assert [tuple(p.shape) for p in floor.parameters()] == [(128, 64), (128,), (64, 80), (64,)]
+
+
+def test_tokens_per_call_sets_each_lengths_batch(tmp_path):
+    cfg = SweepConfig(attentions=["linear"], lengths=[16, 64], modes=["fwd"], repeats=1, warmup=0, tokens=128)
+    records = run_sweep(cfg, tmp_path / "t.json", progress=False)
+    assert [(r["length"], r["batch"], r["status"]) for r in records] == [(16, 8, "ok"), (64, 2, "ok")]
+
+
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["--batch", "2", "--tokens", "64"], "--batch and --tokens: give one"),
+        (["--tokens", "0"], "--tokens: expected an integer >= 1, got 0"),
+        (["--batch", "0"], "--batch: expected an integer >= 1, got 0"),
+    ],
+)
+def test_batch_and_tokens_are_checked(tmp_path, argv, match):
+    from primaldual.bench.layers import main
+
+    with pytest.raises(ValueError, match=match):
+        main(["--attentions", "linear", "--lengths", "16", "--out", str(tmp_path / "x.json"), *argv])
