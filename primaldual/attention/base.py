@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..checks import check_heads, check_mask, check_tokens
+from ..functional.rotary import apply_rope, check_rope
 from ..options import check_bool, check_number
 from .capabilities import Capabilities
 
@@ -124,6 +125,9 @@ class KVCache(NamedTuple):
         return self._replace(length=n)
 
 
+RopeTables = tuple[Tensor, Tensor]  # (cos, sin) rotary tables, see primaldual.functional.rotary
+
+
 class AttentionLayer(nn.Module):
     """Common constructor arguments, input validation and padding handling.
 
@@ -172,20 +176,49 @@ class AttentionLayer(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(
-        self, x: Tensor, mask: Tensor | None = None, *, need_weights: bool = False
+        self, x: Tensor, mask: Tensor | None = None, *, need_weights: bool = False, rope: RopeTables | None = None
     ) -> Tensor | tuple[Tensor, Tensor | None]:
-        """Args: x ``(B, N, dim)``; mask ``(B, N)`` bool, True = real token. Returns ``(B, N, dim)``."""
+        """Args: x ``(B, N, dim)``; mask ``(B, N)`` bool, True = real token; rope: rotary tables ``(cos, sin)``,
+        each ``(N, D)`` or ``(B, N, D)``, applied to the queries and keys (mechanisms with ``capabilities.rope``
+        only). Returns ``(B, N, dim)``."""
         check_tokens(x, self.dim, "x")
         mask = check_mask(mask, x.shape[0], x.shape[1], x.device, "mask")
         if need_weights and not type(self).capabilities.weights:
             raise ValueError(f"attention {self.registry_name!r} cannot return attention weights")
-        out, weights = self._forward(x, mask, need_weights)
+        tables = self._check_rope(rope, x.shape[0], x.shape[1], x.device)
+        if tables is None:
+            out, weights = self._forward(x, mask, need_weights)
+        else:
+            out, weights = self._forward(x, mask, need_weights, rope=tables)
         if mask is not None:
             out = out.masked_fill(~mask[..., None], 0.0)
         return (out, weights) if need_weights else out
 
     def _forward(self, x: Tensor, mask: Tensor | None, need_weights: bool) -> tuple[Tensor, Tensor | None]:
         raise NotImplementedError
+
+    def _check_rope(self, rope: object, batch: int, n: int, device: torch.device) -> RopeTables | None:
+        """None, or the validated tables ``(B or 1, 1, n, D)``; an error where the mechanism takes none."""
+        if rope is None:
+            return None
+        if not type(self).capabilities.rope:
+            from .registry import list_attentions
+
+            takes = [i.name for i in list_attentions() if i.capabilities.rope]
+            raise ValueError(
+                f"rope: attention {self.registry_name or type(self).__name__!r} takes no rotary position "
+                f"embeddings (those that do: {', '.join(takes)})"
+            )
+        return check_rope(rope, batch, n, self.head_dim, device, "rope")
+
+    def _check_step_rope(self, rope: object, x_t: Tensor) -> RopeTables | None:
+        """One decoding position's tables ``(cos_t, sin_t)``, each ``(B, D)`` or ``(D,)`` -> ``(B or 1, 1, 1, D)``."""
+        if rope is None:
+            return None
+        pair = isinstance(rope, (tuple, list)) and len(rope) == 2 and all(isinstance(t, Tensor) for t in rope)
+        if pair and all(t.dim() in (1, 2) for t in rope):
+            rope = tuple(t[None] if t.dim() == 1 else t[:, None] for t in rope)  # (1 or B, 1, D)
+        return self._check_rope(rope, x_t.shape[0], 1, x_t.device)
 
     # ---- incremental decoding: init_state / step, the same output as the causal forward at each position ----
     def _check_decoding(self) -> None:
@@ -210,12 +243,14 @@ class AttentionLayer(nn.Module):
             torch.zeros(batch, 0, self.dim, **fk), torch.zeros(batch, 0, dtype=torch.bool, device=fk["device"])
         )
 
-    def prefill(self, x: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Any]:
+    def prefill(self, x: Tensor, mask: Tensor | None = None, *, rope: RopeTables | None = None) -> tuple[Tensor, Any]:
         """The causal forward over a prompt and the decoding state it leaves, in one pass (causal layers only).
 
         Args:
             x: ``(B, N, C)`` the layer inputs of the prompt.
             mask: ``(B, N)`` bool, True = real token (None: no padding); padding may sit anywhere.
+            rope: rotary tables as in :meth:`forward` (mechanisms with ``capabilities.rope`` only); the state then
+                holds rotated keys, and :meth:`step` takes each new position's tables.
 
         Returns:
             ``(out, state)``: ``out`` ``(B, N, C)`` equal to ``forward(x, mask)`` (zero at padded tokens), and the state
@@ -225,7 +260,8 @@ class AttentionLayer(nn.Module):
         self._check_decoding()
         check_tokens(x, self.dim, "x")
         mask = check_mask(mask, x.shape[0], x.shape[1], x.device, "mask")
-        out, state = self._prefill(x, mask)
+        tables = self._check_rope(rope, x.shape[0], x.shape[1], x.device)
+        out, state = self._prefill(x, mask) if tables is None else self._prefill(x, mask, rope=tables)
         if mask is not None:
             out = out.masked_fill(~mask[..., None], 0.0)
         return out, state
@@ -237,11 +273,16 @@ class AttentionLayer(nn.Module):
         real = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else mask  # (B, N)
         return out, PrefixState(x.detach(), real)
 
-    def step(self, x_t: Tensor, state: Any, mask_t: Tensor | None = None) -> tuple[Tensor, Any]:
+    def step(
+        self, x_t: Tensor, state: Any, mask_t: Tensor | None = None, *, rope: RopeTables | None = None
+    ) -> tuple[Tensor, Any]:
         """Decode one token: ``x_t`` ``(B, C)``, ``mask_t`` ``(B,)`` bool (True = real token; a padded token is
-        kept out of the state where the forward keeps it out, and its output is 0). Returns ``(y_t (B, C), state)``,
-        ``y_t`` equal to the causal forward's output at this position. No auxiliary term is recorded."""
+        kept out of the state where the forward keeps it out, and its output is 0); ``rope``: this position's
+        rotary tables ``(cos_t, sin_t)``, each ``(B, D)`` or ``(D,)`` (mechanisms with ``capabilities.rope``).
+        Returns ``(y_t (B, C), state)``, ``y_t`` equal to the causal forward's output at this position. No auxiliary
+        term is recorded."""
         self._check_decoding()
+        self._check_step_rope(rope, x_t)  # recomputing mechanisms take none: refused by name
         x_t, mask_t = self._check_step(x_t, mask_t)
         x = torch.cat([state.x, x_t[:, None]], 1)  # (B, T+1, C)
         mask = torch.cat([state.mask, mask_t[:, None]], 1)  # (B, T+1)
@@ -283,11 +324,14 @@ class QKVAttention(AttentionLayer):
         """q, k, v: ``(B, H, N, D)``; key_mask ``(B, N)`` bool or None. Returns ``(B, H, N, D)``."""
         raise NotImplementedError
 
-    def _qkv_step(self, x_t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Project one token per sequence: ``x_t`` ``(B, C)`` -> q, k, v ``(B, H, 1, D)`` each."""
+    def _qkv_step(self, x_t: Tensor, rope: RopeTables | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Project one token per sequence: ``x_t`` ``(B, C)`` -> q, k, v ``(B, H, 1, D)`` each (q, k rotated by
+        ``rope`` ``(B or 1, 1, 1, D)`` tables when given)."""
         B = x_t.shape[0]
         qkv = self.qkv(x_t).reshape(B, 3, self.num_heads, 1, self.head_dim)  # (B, 3, H, 1, D)
         q, k, v = qkv.unbind(1)
+        if rope is not None:
+            q, k = apply_rope(q, k, *rope)
         return q, k, v
 
     def _out_step(self, out: Tensor, mask_t: Tensor) -> Tensor:
@@ -304,11 +348,14 @@ class QKVAttention(AttentionLayer):
         mask = torch.zeros(batch, 0, dtype=torch.bool, device=dev)  # (B, 0)
         return KVCache.of(empty, empty.clone(), mask)
 
-    def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Project ``x`` ``(B, N, C)`` -> q, k, v ``(B, H, N, D)`` each."""
+    def _qkv(self, x: Tensor, rope: RopeTables | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Project ``x`` ``(B, N, C)`` -> q, k, v ``(B, H, N, D)`` each (q, k rotated by ``rope``, validated
+        ``(B or 1, 1, N, D)`` tables, when given)."""
         B, N, _ = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, D)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, N, D)
+        if rope is not None:
+            q, k = apply_rope(q, k, *rope)
         return q, k, v
 
     def _out(self, out: Tensor) -> Tensor:
@@ -317,15 +364,17 @@ class QKVAttention(AttentionLayer):
         out = out.transpose(1, 2).reshape(B, N, self.inner_dim)  # (B, N, H*D)
         return self.proj_drop(self.proj(out))
 
-    def _forward(self, x: Tensor, mask: Tensor | None, need_weights: bool) -> tuple[Tensor, Tensor | None]:
-        q, k, v = self._qkv(x)  # (B, H, N, D) each
+    def _forward(
+        self, x: Tensor, mask: Tensor | None, need_weights: bool, rope: RopeTables | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        q, k, v = self._qkv(x, rope)  # (B, H, N, D) each
         out, weights = self.attend(q, k, v, mask, need_weights)
         return self._out(out), weights
 
-    def _kv_prefill(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, KVCache]:
+    def _kv_prefill(self, x: Tensor, mask: Tensor | None, rope: RopeTables | None = None) -> tuple[Tensor, KVCache]:
         """The forward over ``x`` ``(B, N, C)`` and the KV cache of its N tokens (softmax family): the keys and
-        values are projected once, for the attention and for the cache."""
-        q, k, v = self._qkv(x)  # (B, H, N, D) each
+        values are projected once, for the attention and for the cache (keys rotated when ``rope`` is given)."""
+        q, k, v = self._qkv(x, rope)  # (B, H, N, D) each
         out, _ = self.attend(q, k, v, mask, False)
         real = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else mask  # (B, N)
         # the cache owns its buffers (appending and pruning write in place; k and v are views of one projection)

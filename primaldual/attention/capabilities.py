@@ -27,6 +27,9 @@ class Capabilities:
             local window, O(window) when the pattern has no stride), ``"constant"`` (a state whose size does
             not grow with the context), ``"recompute"`` (no incremental path: the layer's input prefix is
             kept and the causal forward rerun on it, exact but O(T^2) per token), or ``"none"`` (not causal).
+        rope: ``forward``, ``prefill`` and ``step`` take ``rope=(cos, sin)``, rotary position embeddings applied
+            to the (softmax) queries and keys (:mod:`primaldual.functional.rotary`); ``False``: refused with an
+            error (the primal layer's causal prefix means have no use for a per-position rotation).
     """
 
     causal: bool = True
@@ -37,3 +40,4 @@ class Capabilities:
     memory: str = "O(N^2)"
     weights_meaning: str = "row-stochastic attention matrix"
     decoding: str = "recompute"
+    rope: bool = False

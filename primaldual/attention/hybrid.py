@@ -17,7 +17,9 @@ is the window alone, and the branch learns in); :func:`primaldual.convert.init_f
 teacher's residual and sets the gate to 1. ``primal_branch=False`` drops the branch (the window-only ablation).
 
 This is the student that :mod:`primaldual.convert` turns a trained softmax layer into: the window and sinks keep
-the teacher's exact local attention (and attention sinks), the primal branch carries the rest of the context. Its
+the teacher's exact local attention (and attention sinks), the primal branch carries the rest of the context.
+Rotary position embeddings (``rope=``, a Llama teacher's) rotate the window's queries and keys; the branch works on
+the unrotated ones (a prefix mean of rotated vectors would average positions away). Its
 decoding state does not grow with the context: the last ``window`` keys and values, the ``sinks`` first ones, and the
 primal branch's running sums of q and k (:class:`HybridState`).
 """
@@ -32,8 +34,9 @@ from torch import Tensor, nn
 
 from ..aux_loss import AuxLossMixin
 from ..functional.primal import KSVD_REDUCTIONS, causal_prefix_mean, cosine_feature_map, ksvd_loss_from_scores
+from ..functional.rotary import apply_rope
 from ..options import check_bool, check_choice, check_int, check_number
-from .base import AttentionLayer, KVCache
+from .base import AttentionLayer, KVCache, RopeTables
 from .capabilities import Capabilities
 from .primal import PrimalState, reset_primal_weights
 from .registry import register_attention
@@ -65,6 +68,7 @@ class HybridState(NamedTuple):
         memory="O(N (w + g + s))",
         weights_meaning="none (a window softmax plus a primal branch: no single matrix)",
         decoding="window_cache",
+        rope=True,
     ),
 )
 class HybridAttention(AuxLossMixin, SparseAttention):
@@ -142,21 +146,25 @@ class HybridAttention(AuxLossMixin, SparseAttention):
         B, N, H = scores.shape[:3]
         return self.concat(scores.reshape(B, N, H, 2 * self.s)).transpose(1, 2)  # (B, N, H, D) -> (B, H, N, D)
 
-    def heads(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    def heads(self, x: Tensor, mask: Tensor | None, rope: RopeTables | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Per-head outputs before the output projection: ``(window, branch, q|k|v)``, window and branch
-        ``(B, H, N, D)`` (branch ungated, zeros without a branch), and the projections ``(3, B, H, N, D)``; records
-        the KSVD term in a training forward."""
+        ``(B, H, N, D)`` (branch ungated, zeros without a branch), and the window's projections
+        ``(3, B, H, N, D)``; records the KSVD term in a training forward. ``rope`` (validated tables) rotates the
+        window's queries and keys only: the branch takes prefix means of the unrotated ones."""
         q, k, v = self._qkv(x)  # (B, H, N, D) each
-        win, _ = self.attend(q, k, v, mask, False)  # (B, H, N, D)
+        qr, kr = (q, k) if rope is None else apply_rope(q, k, *rope)
+        win, _ = self.attend(qr, kr, v, mask, False)  # (B, H, N, D)
         if not self.has_branch:
-            return win, torch.zeros_like(win), torch.stack((q, k, v))
+            return win, torch.zeros_like(win), torch.stack((qr, kr, v))
         scores = self.branch_scores(q, k, mask)  # (B, N, H, 2, s)
         if self.records_aux_loss():
             self.add_aux_loss(ksvd_loss_from_scores(scores, self.w_e, self.w_r, self.lam, mask, self.ksvd_reduction))
-        return win, self.branch_heads(scores), torch.stack((q, k, v))
+        return win, self.branch_heads(scores), torch.stack((qr, kr, v))
 
-    def _forward(self, x: Tensor, mask: Tensor | None, need_weights: bool) -> tuple[Tensor, Tensor | None]:
-        win, branch, _ = self.heads(x, mask)
+    def _forward(
+        self, x: Tensor, mask: Tensor | None, need_weights: bool, rope: RopeTables | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        win, branch, _ = self.heads(x, mask, rope)
         if self.has_branch:
             win = win + self.gate.view(1, -1, 1, 1).to(win.dtype) * branch  # (B, H, N, D)
         return self._out(win), None
@@ -174,29 +182,35 @@ class HybridAttention(AuxLossMixin, SparseAttention):
         cache = self._empty_cache(batch, device, dtype)
         return HybridState(cache, self._primal_state(batch, cache.k_buf.device, cache.k_buf.dtype))
 
-    def _prefill(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, HybridState]:
-        win, branch, qkv = self.heads(x, mask)
+    def _prefill(self, x: Tensor, mask: Tensor | None, rope: RopeTables | None = None) -> tuple[Tensor, HybridState]:
+        win, branch, qkv = self.heads(x, mask, rope)
         if self.has_branch:
             win = win + self.gate.view(1, -1, 1, 1).to(win.dtype) * branch
-        q, k, v = qkv.detach()  # (B, H, N, D) each
+        q, k, v = qkv.detach()  # (B, H, N, D) each, q and k rotated when rope is given
         real = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else mask  # (B, N)
         k_buf, v_buf = (t.clone(memory_format=torch.contiguous_format) for t in (k, v))
         cache = self._prune(KVCache.of(k_buf, v_buf, real.clone()))
         take = real.to(q.dtype)  # (B, N)
         primal = self._primal_state(x.shape[0], x.device, q.dtype)
         if self.has_branch:
+            if rope is not None:  # the branch sums the unrotated queries and keys
+                q, k, _ = (t.detach() for t in self._qkv(x))
             sums = torch.einsum("bn,bhnd->bhd", take, torch.stack((q, k), 1).flatten(1, 2))  # (B, 2H, D)
             sum_q, sum_k = sums.view(x.shape[0], 2, self.num_heads, -1).unbind(1)  # (B, H, D) each
             primal = PrimalState(sum_q.contiguous(), sum_k.contiguous(), take.sum(1))
         return self._out(win), HybridState(cache, primal)
 
-    def step(self, x_t: Tensor, state: HybridState, mask_t: Tensor | None = None) -> tuple[Tensor, HybridState]:
+    def step(
+        self, x_t: Tensor, state: HybridState, mask_t: Tensor | None = None, *, rope: RopeTables | None = None
+    ) -> tuple[Tensor, HybridState]:
         """Decode one token: the window on the cache plus the primal branch on the running sums (see
         :meth:`AttentionLayer.step`); equal to the forward at this position."""
         self._check_decoding()
         x_t, mask_t = self._check_step(x_t, mask_t)
+        tables = self._check_step_rope(rope, x_t)
         q, k, v = self._qkv_step(x_t)  # (B, H, 1, D) each
-        out, cache = self._window_step(q, k, v, state.window, mask_t)  # (B, H, 1, D)
+        qr, kr = (q, k) if tables is None else apply_rope(q, k, *tables)
+        out, cache = self._window_step(qr, kr, v, state.window, mask_t)  # (B, H, 1, D)
         primal = state.primal
         if self.has_branch:
             take = mask_t.to(q.dtype)[:, None, None]  # (B, 1, 1)

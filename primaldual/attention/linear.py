@@ -75,10 +75,13 @@ class LinearAttention(QKVAttention):
             kv = torch.einsum("bhnd,bhne->bhde", fk, v)  # (B, H, D, Dv)
         return self._out(out), LinearState(kv, fk.sum(2))
 
-    def step(self, x_t: Tensor, state: LinearState, mask_t: Tensor | None = None) -> tuple[Tensor, LinearState]:
+    def step(
+        self, x_t: Tensor, state: LinearState, mask_t: Tensor | None = None, *, rope: None = None
+    ) -> tuple[Tensor, LinearState]:
         """Decode one token from the running sums (see :meth:`AttentionLayer.step`)."""
         self._check_decoding()
         x_t, mask_t = self._check_step(x_t, mask_t)
+        self._check_step_rope(rope, x_t)  # takes none: refused by name
         q, k, v = self._qkv_step(x_t)  # (B, H, 1, D) each
         fq, fk = elu_feature_map(q[:, :, 0]), elu_feature_map(k[:, :, 0])  # (B, H, D)
         fk = fk * mask_t[:, None, None].to(fk.dtype)  # a padded key adds nothing

@@ -527,7 +527,9 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
             qk = qk.view(B, 2, self.num_heads, self.head_dim)  # (B, 2, H, p)
             return PrimalState(qk[:, 0].contiguous(), qk[:, 1].contiguous(), count)
 
-    def step(self, x_t: Tensor, state: PrimalState, mask_t: Tensor | None = None) -> tuple[Tensor, PrimalState]:
+    def step(
+        self, x_t: Tensor, state: PrimalState, mask_t: Tensor | None = None, *, rope: None = None
+    ) -> tuple[Tensor, PrimalState]:
         """Decode one token: the same output as the full causal forward at this position.
 
         Args:
@@ -543,6 +545,7 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
             raise RuntimeError("incremental decoding needs a causal primal layer (causal=True)")
         if x_t.dim() != 2 or x_t.shape[-1] != self.dim:
             raise ValueError(f"x_t must have shape (B, {self.dim}), got {tuple(x_t.shape)}")
+        self._check_step_rope(rope, x_t)  # takes none: refused by name
         B = x_t.shape[0]
         if mask_t is not None:
             mask_t = check_mask(mask_t[:, None], B, 1, x_t.device, "mask_t")[:, 0]

@@ -7,7 +7,7 @@ from torch import Tensor
 
 from ..functional.softmax import softmax_attention
 from ..options import check_choice, check_number
-from .base import KVCache, QKVAttention
+from .base import KVCache, QKVAttention, RopeTables
 from .capabilities import Capabilities
 from .registry import register_attention
 
@@ -16,7 +16,7 @@ __all__ = ["SoftmaxAttention"]
 
 @register_attention(
     "softmax",
-    Capabilities(time="O(N^2 D)", memory="O(N) fused (SDPA) / O(N^2) eager", decoding="kv_cache"),
+    Capabilities(time="O(N^2 D)", memory="O(N) fused (SDPA) / O(N^2) eager", decoding="kv_cache", rope=True),
 )
 class SoftmaxAttention(QKVAttention):
     """Multi-head scaled dot-product attention (SDPA fast path; eager path when weights are needed).
@@ -38,18 +38,20 @@ class SoftmaxAttention(QKVAttention):
         """An empty KV cache for ``batch`` sequences (causal layers only)."""
         return self._empty_cache(batch, device, dtype)
 
-    def step(self, x_t: Tensor, state: KVCache, mask_t: Tensor | None = None) -> tuple[Tensor, KVCache]:
+    def step(
+        self, x_t: Tensor, state: KVCache, mask_t: Tensor | None = None, *, rope: RopeTables | None = None
+    ) -> tuple[Tensor, KVCache]:
         """Decode one token against the KV cache (see :meth:`AttentionLayer.step`)."""
         self._check_decoding()
         x_t, mask_t = self._check_step(x_t, mask_t)
-        q, k, v = self._qkv_step(x_t)  # (B, H, 1, D) each
+        q, k, v = self._qkv_step(x_t, self._check_step_rope(rope, x_t))  # (B, H, 1, D) each
         cache = state.append(k, v, mask_t)
         out, _ = softmax_attention(q, cache.k, cache.v, key_mask=cache.mask, scale=self.scale)  # (B, H, 1, D)
         return self._out_step(out, mask_t), cache
 
-    def _prefill(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, KVCache]:
+    def _prefill(self, x: Tensor, mask: Tensor | None, rope: RopeTables | None = None) -> tuple[Tensor, KVCache]:
         """The forward and the KV cache of the prompt, from one projection (see :meth:`AttentionLayer.prefill`)."""
-        return self._kv_prefill(x, mask)
+        return self._kv_prefill(x, mask, rope)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, key_mask, need_weights: bool):
         return softmax_attention(

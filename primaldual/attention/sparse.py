@@ -8,7 +8,7 @@ from torch import Tensor
 from ..functional.softmax import softmax_attention
 from ..functional.sparse import check_pattern, sparse_attention
 from ..options import check_int, check_number
-from .base import KVCache, QKVAttention
+from .base import KVCache, QKVAttention, RopeTables
 from .capabilities import Capabilities
 from .registry import register_attention
 
@@ -22,6 +22,7 @@ __all__ = ["SparseAttention"]
         memory="O(N (w + g + N/s))",
         weights_meaning="softmax weights on the sparse pattern (dense matrix, zeros off-pattern)",
         decoding="window_cache",
+        rope=True,
     ),
 )
 class SparseAttention(QKVAttention):
@@ -62,10 +63,10 @@ class SparseAttention(QKVAttention):
         sequences decoded side by side); with a stride it keeps every key."""
         return self._empty_cache(batch, device, dtype)
 
-    def _prefill(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, KVCache]:
+    def _prefill(self, x: Tensor, mask: Tensor | None, rope: RopeTables | None = None) -> tuple[Tensor, KVCache]:
         """The forward and the window cache of the prompt (see :meth:`AttentionLayer.prefill`): the KV cache of
         every token, cut at once to what later queries can see."""
-        out, cache = self._kv_prefill(x, mask)
+        out, cache = self._kv_prefill(x, mask, rope)
         return out, self._prune(cache) if self.stride == 0 else cache
 
     def _prune(self, cache: KVCache) -> KVCache:
@@ -75,12 +76,14 @@ class SparseAttention(QKVAttention):
         need = cache.mask & ((rank >= cache.count[:, None] - self.window) | (rank < self.num_global))  # (B, T)
         return cache.keep(need.any(0))
 
-    def step(self, x_t: Tensor, state: KVCache, mask_t: Tensor | None = None) -> tuple[Tensor, KVCache]:
+    def step(
+        self, x_t: Tensor, state: KVCache, mask_t: Tensor | None = None, *, rope: RopeTables | None = None
+    ) -> tuple[Tensor, KVCache]:
         """Decode one token on the sparse pattern, counted over each sequence's real tokens (see
         :meth:`AttentionLayer.step`)."""
         self._check_decoding()
         x_t, mask_t = self._check_step(x_t, mask_t)
-        q, k, v = self._qkv_step(x_t)  # (B, H, 1, D) each
+        q, k, v = self._qkv_step(x_t, self._check_step_rope(rope, x_t))  # (B, H, 1, D) each
         out, cache = self._window_step(q, k, v, state, mask_t)
         return self._out_step(out, mask_t), cache
 

@@ -410,3 +410,44 @@ def test_encoder_positions_equal_the_full_output_at_those_positions(name, opts, 
         assert rel_err(aux_part, aux_full) < 1e-12
     with pytest.raises(TypeError, match="positions must be a slice"):
         enc(x, mask, positions=[1, 4])
+
+
+def _rope(B: int, T: int, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sequence positions (sequence b starts at offset + 3b), as a left-padded batch's position ids would."""
+    from primaldual.functional.rotary import rope_tables
+
+    pos = torch.arange(T)[None] + offset + 3 * torch.arange(B)[:, None]  # (B, T)
+    return rope_tables(pos, DIM // HEADS, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("name,opts,causal", CASES)
+def test_rope_is_honoured_or_refused(name, opts, causal):
+    """capabilities.rope: identity tables change nothing, real tables change the output and decoding with them
+    (prefill, then step) equals the forward with them; without the capability every entry point refuses rope."""
+    layer = _build(name, opts, causal)
+    B, T = 3, N
+    x = torch.randn(B, T, DIM, dtype=torch.float64)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[1, :3] = False
+    cos, sin = _rope(B, T)
+    if not layer.capabilities.rope:
+        with pytest.raises(ValueError, match="rope: attention .* takes no rotary position embeddings"):
+            layer(x, mask, rope=(cos, sin))
+        if causal:
+            with pytest.raises(ValueError, match="rope: attention"):
+                layer.prefill(x, mask, rope=(cos, sin))
+            with pytest.raises(ValueError, match="rope: attention"):
+                layer.step(x[:, 0], layer.init_state(B), rope=(cos[:, 0], sin[:, 0]))
+        return
+    plain = layer(x, mask)
+    assert rel_err(layer(x, mask, rope=(torch.ones_like(cos), torch.zeros_like(sin))), plain) < 1e-12
+    full = layer(x, mask, rope=(cos, sin))
+    assert rel_err(full, plain) > 1e-3
+    if not causal:
+        return
+    P = 5
+    out, state = layer.prefill(x[:, :P], mask[:, :P], rope=(cos[:, :P], sin[:, :P]))
+    assert rel_err(out, full[:, :P]) < 1e-10
+    for t in range(P, T):
+        y_t, state = layer.step(x[:, t], state, mask[:, t], rope=(cos[:, t], sin[:, t]))
+        assert rel_err(y_t, full[:, t]) < 1e-10, f"position {t}"
