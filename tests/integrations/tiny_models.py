@@ -7,7 +7,8 @@ import torch
 
 
 def tiny(name: str, **overrides):
-    """A tiny, randomly initialised, eval-mode model: ``gpt2``, ``bert``, ``roberta``, ``vit`` or ``dt``."""
+    """A tiny, randomly initialised, eval-mode model: ``gpt2``, ``bert``, ``roberta``, ``vit``, ``dt`` or ``llama``
+    (grouped-query: 4 query heads on 2 key / value heads, RoPE)."""
     tr = pytest.importorskip("transformers")
     torch.manual_seed(0)
     if name == "gpt2":
@@ -27,6 +28,11 @@ def tiny(name: str, **overrides):
         kw = dict(state_dim=3, act_dim=2, hidden_size=32, n_layer=2, n_head=2, max_ep_len=20, n_positions=64)
         cfg = tr.DecisionTransformerConfig(**{**kw, **overrides})
         return tr.DecisionTransformerModel(cfg).eval()
+    if name == "llama":
+        kw = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64, vocab_size=50)
+        cfg = tr.LlamaConfig(**{**kw, "num_hidden_layers": 2, "max_position_embeddings": 64, "pad_token_id": 1,
+                                "bos_token_id": 0, "eos_token_id": 0, **overrides})  # fmt: skip
+        return tr.LlamaForCausalLM(cfg).eval()
     raise ValueError(name)
 
 

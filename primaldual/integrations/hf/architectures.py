@@ -14,7 +14,15 @@ model type                 blocks                  replaced module              
                                                    output block; its residual   ``output.dense``
                                                    ``LayerNorm`` is kept)
 ``vit``                    ``vit.layers``          ``layer.attention``          ``q_proj/k_proj/v_proj/o_proj``
+``llama``                  ``model.layers``        ``layer.self_attn``          ``q_proj/k_proj/v_proj/o_proj``;
+                                                                                grouped K / V heads repeated to
+                                                                                the query heads; RoPE (below)
 =========================  ======================  ===========================  ==================================
+
+Llama's attention receives its rotary tables from the decoder layer (``position_embeddings``); a Site with
+``rope=True`` tells the replacement to hand them to mechanisms that take them (``capabilities.rope``: softmax,
+sparse, and hybrid's window branch) and to warn, once at conversion, where the mechanism does not (primal: its
+positions come from its causal prefix means).
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ class Site:
         num_heads, causal, scale, attn_drop, proj_drop: the original's settings.
         layer_idx: its index in the model's cache (None for encoders).
         norm: the residual ``LayerNorm`` inside the replaced module (post-norm BERT), or None.
+        rope: the module receives rotary tables (``position_embeddings``) and applies them to q and k (Llama).
     """
 
     attr: str
@@ -57,6 +66,7 @@ class Site:
     proj_drop: float
     layer_idx: int | None
     norm: nn.Module | None = None
+    rope: bool = False
 
     @property
     def arg_names(self) -> tuple[str, ...]:
@@ -161,12 +171,54 @@ def _vit(block: nn.Module) -> Site:
     )
 
 
+def _repeat_heads(proj: Projection, kv_heads: int, heads: int, head_dim: int, name: str) -> Projection:
+    """A grouped key / value projection ``(Hkv * D, C)`` as ``(H * D, C)``: each of the ``Hkv`` heads repeated for
+    the ``H / Hkv`` consecutive query heads it serves (transformers' ``repeat_kv`` order)."""
+    w, b = proj
+    if w.shape[0] != kv_heads * head_dim:
+        raise LayoutError(f"{name} has {w.shape[0]} outputs, expected {kv_heads} heads x {head_dim}")
+    if heads % kv_heads:
+        raise LayoutError(f"{kv_heads} key / value heads do not divide the {heads} query heads")
+    g = heads // kv_heads
+    w = w.view(kv_heads, head_dim, -1).repeat_interleave(g, 0).reshape(heads * head_dim, -1)  # (H*D, C)
+    if b is not None:
+        b = b.view(kv_heads, head_dim).repeat_interleave(g, 0).reshape(heads * head_dim)  # (H*D,)
+    return w, b
+
+
+def _llama(block: nn.Module) -> Site:
+    attn = getattr(block, "self_attn", None)
+    if attn is None or not all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
+        raise LayoutError("expected a Llama decoder layer with self_attn.q_proj/k_proj/v_proj/o_proj")
+    cfg = attn.config
+    types = getattr(cfg, "layer_types", None) or []
+    if getattr(cfg, "sliding_window", None) or any(t != "full_attention" for t in types):
+        raise LayoutError("sliding-window layers are not supported (every layer must be full attention)")
+    heads, kv_heads, head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, attn.head_dim
+    return Site(
+        attr="self_attn",
+        module=attn,
+        q=_linear(attn.q_proj),
+        k=_repeat_heads(_linear(attn.k_proj), kv_heads, heads, head_dim, "k_proj"),
+        v=_repeat_heads(_linear(attn.v_proj), kv_heads, heads, head_dim, "v_proj"),
+        out=_linear(attn.o_proj),
+        num_heads=heads,
+        causal=bool(getattr(attn, "is_causal", True)),
+        scale=float(attn.scaling),
+        attn_drop=float(attn.attention_dropout),
+        proj_drop=0.0,
+        layer_idx=attn.layer_idx,
+        rope=True,
+    )
+
+
 _FAMILIES: dict[str, tuple[tuple[str, ...], Callable[[nn.Module], Site]]] = {
     "gpt2": (("transformer.h", "h"), _gpt2),
     "decision_transformer": (("encoder.h", "h"), _gpt2),
     "bert": (("bert.encoder.layer", "encoder.layer"), _bert),
     "roberta": (("roberta.encoder.layer", "encoder.layer"), _bert),
     "vit": (("vit.layers", "layers", "vit.encoder.layer", "encoder.layer"), _vit),
+    "llama": (("model.layers", "layers"), _llama),
 }
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_FAMILIES))
 

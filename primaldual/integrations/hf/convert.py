@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,7 +59,7 @@ def convert(
     """Replace the self-attention of ``layers`` of ``model`` by primaldual ``attention`` (in place).
 
     Args:
-        model: a transformers model of type gpt2, bert, roberta, vit or decision_transformer (any head).
+        model: a transformers model of type gpt2, bert, roberta, vit, decision_transformer or llama (any head).
         attention: a registered mechanism (``primaldual.list_attentions()``).
         layers: block indices (negative from the end) or ``"all"``.
         options: mechanism options (``s=``, ``n=``, ``eta=`` for primal, ``window=`` for sparse, ...). By default
@@ -116,7 +117,16 @@ def convert(
                 layer_idx=site.layer_idx,
                 norm=site.norm,
                 source=type(site.module).__name__,
+                rope=site.rope,
             )
+        )
+    ignored = [i for i, site, m in zip(chosen, sites, new) if site.rope and not m.uses_rope]
+    if ignored:
+        warnings.warn(
+            f"layers {ignored}: attention {attention!r} takes no rotary position embeddings, so the converted "
+            "layers do without the model's RoPE (a primal layer's positions come from its causal prefix means)",
+            UserWarning,
+            stacklevel=2,
         )
     for i, site, module in zip(chosen, sites, new):
         setattr(blocks[i], site.attr, module)

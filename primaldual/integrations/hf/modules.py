@@ -20,6 +20,10 @@ modules do in transformers 5.
   block; it is kept as ``norm`` and applied as ``norm(attention(x) + x)``.
 * **Attention weights** (``output_attentions``): returned for full forwards; None for cached decoding steps of a
   primal layer (its state keeps no keys).
+* **Rotary embeddings** (Llama): the replaced module received ``position_embeddings = (cos, sin)`` from its decoder
+  layer. A mechanism with ``capabilities.rope`` gets them (softmax, sparse; hybrid's window branch); the others
+  (primal) do without: :func:`~primaldual.integrations.hf.convert` warns so when it converts. Cached decoding by
+  recomputation keeps each token's tables beside its input, so the recomputed prefix is rotated as it was.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ class HFSelfAttention(nn.Module):
         layer_idx: the layer's index in the model's cache (causal models).
         norm: the residual ``LayerNorm`` of a post-norm output block (BERT), or None.
         source: the replaced module's class name (for ``repr`` and errors).
+        rope: the replaced module applied the rotary tables it is called with (``position_embeddings``).
     """
 
     def __init__(
@@ -66,6 +71,7 @@ class HFSelfAttention(nn.Module):
         layer_idx: int | None,
         norm: nn.Module | None = None,
         source: str = "",
+        rope: bool = False,
     ) -> None:
         super().__init__()
         self.attn = layer
@@ -79,6 +85,8 @@ class HFSelfAttention(nn.Module):
         self.layer_idx = layer_idx
         self.source = source
         self.is_causal = bool(layer.causal)
+        self.rope = bool(rope)
+        self.uses_rope = self.rope and type(layer).capabilities.rope
 
     def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         if len(args) > len(self.arg_names):
@@ -109,13 +117,14 @@ class HFSelfAttention(nn.Module):
         need_weights = attentions_requested(bound) and type(self.attn).capabilities.weights
         x = hidden_states
         B, N, _ = x.shape
+        rope = self._rope(bound, B, N)
         if cache is not None and self.is_causal:
-            out, weights = self._cached(x, mask, self_attention_cache(cache), need_weights)
+            out, weights = self._cached(x, mask, self_attention_cache(cache), need_weights, rope)
         else:
             if cache is not None and self_attention_cache(cache).get_seq_length(self.layer_idx or 0) > 0:
                 raise ValueError("a bidirectional converted layer cannot continue from a filled cache")
             key_mask = key_mask_from_hf(mask, batch=B, q_len=N, kv_len=N, causal=self.is_causal)
-            out, weights = self._run(x, key_mask, need_weights)
+            out, weights = self._run(x, key_mask, need_weights, rope)
         if self.norm is not None:
             out = self.norm(out + hidden_states)
         record_attentions(weights)
@@ -131,12 +140,32 @@ class HFSelfAttention(nn.Module):
             )
         return None if self.cache_keyword is None else bound.get(self.cache_keyword)
 
-    def _run(self, x: Tensor, key_mask: Tensor | None, need_weights: bool) -> tuple[Tensor, Tensor | None]:
-        if need_weights:
-            return self.attn(x, key_mask, need_weights=True)
-        return self.attn(x, key_mask), None
+    def _rope(self, bound: dict[str, Any], batch: int, n: int) -> tuple[Tensor, Tensor] | None:
+        """The rotary tables of this call, ``(cos, sin)`` each ``(B, N, D)``, for a layer that uses them."""
+        if not self.rope:
+            return None
+        tables = bound.get("position_embeddings")
+        if tables is None:
+            raise ValueError(
+                f"{self.source or 'this module'} applies rotary embeddings: it must be called with "
+                "position_embeddings=(cos, sin), as its decoder layer does"
+            )
+        if not self.uses_rope:
+            return None
+        cos, sin = tables
+        return cos.expand(batch, n, -1), sin.expand(batch, n, -1)  # (B, N, D) each
 
-    def _cached(self, x: Tensor, mask: Any, cache: Any, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+    def _run(
+        self, x: Tensor, key_mask: Tensor | None, need_weights: bool, rope: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        kw = {} if rope is None else {"rope": rope}
+        if need_weights:
+            return self.attn(x, key_mask, need_weights=True, **kw)
+        return self.attn(x, key_mask, **kw), None
+
+    def _cached(
+        self, x: Tensor, mask: Any, cache: Any, need_weights: bool, rope: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Tensor, Tensor | None]:
         """Causal forward that continues the sequence held in ``cache`` and extends it by ``x`` ``(B, N, C)``."""
         if self.layer_idx is None:
             raise ValueError("a converted causal layer needs its layer_idx to use a cache")
@@ -156,12 +185,20 @@ class HFSelfAttention(nn.Module):
                 ys.append(y_t)
             entry.store(state, N)
             return torch.stack(ys, 1), None  # (B, N, C)
+        C = x.shape[-1]
+        # every input so far, each beside its rotary tables when the layer uses them: the recomputed prefix is
+        # rotated by the positions it had
+        packed = x if rope is None else torch.cat([x, rope[0].to(x.dtype), rope[1].to(x.dtype)], -1)  # (B, N, C+2D)
         empty = x.new_zeros(B, 1, N, 0)  # (B, 1, N, 0): the values slot stays empty
-        xs, _ = cache.update(x[:, None], empty, self.layer_idx)  # (B, 1, T, C): every input so far
-        x_all = xs[:, 0]  # (B, T, C)
+        xs, _ = cache.update(packed[:, None], empty, self.layer_idx)  # (B, 1, T, C or C+2D)
+        x_all = xs[:, 0, :, :C]  # (B, T, C)
         T = x_all.shape[1]
+        rope_all = None
+        if rope is not None:
+            D = rope[0].shape[-1]
+            rope_all = (xs[:, 0, :, C : C + D], xs[:, 0, :, C + D :])  # (B, T, D) each
         key_mask = key_mask_from_hf(mask, batch=B, q_len=N, kv_len=T, causal=True)
-        out, weights = self._run(x_all, key_mask, need_weights)
+        out, weights = self._run(x_all, key_mask, need_weights, rope_all)
         return out[:, T - N :], None if weights is None else weights[:, :, T - N :]
 
     def extra_repr(self) -> str:
