@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..attention.base import QKVAttention
+from ..attention.base import QKVAttention, RopeTables
 from ..attention.hybrid import HybridAttention
 from ..attention.primal import PrimalAttention
 from ..functional.primal import causal_prefix_mean, cosine_feature_map, ksvd_objective, primal_scores_from_input
@@ -81,10 +81,16 @@ def branch_scores(layer: PrimalAttention | HybridAttention, x: Tensor, mask: Ten
     return primal_scores_from_input(src, layer.qk.weight, layer.qk.bias, w, layer.eps)[0]
 
 
+def _tables(layer: QKVAttention, rope: RopeTables | None, x: Tensor) -> RopeTables | None:
+    """Validated ``(B or 1, 1, N, D)`` rotary tables for ``layer`` on ``x`` ``(B, N, C)``, or None."""
+    return None if rope is None else layer._check_rope(rope, x.shape[0], x.shape[1], x.device)
+
+
 @torch.no_grad()
-def teacher_heads(teacher: QKVAttention, x: Tensor, mask: Tensor | None) -> Tensor:
-    """The teacher's per-head outputs before its output projection, ``(B, H, N, D)``, on the layer input ``x``."""
-    q, k, v = teacher._qkv(x)  # (B, H, N, D) each
+def teacher_heads(teacher: QKVAttention, x: Tensor, mask: Tensor | None, rope: RopeTables | None = None) -> Tensor:
+    """The teacher's per-head outputs before its output projection, ``(B, H, N, D)``, on the layer input ``x``
+    (queries and keys rotated by ``rope``, ``(cos, sin)`` each ``(B, N, D)``, for a rotary teacher such as Llama)."""
+    q, k, v = teacher._qkv(x, _tables(teacher, rope, x))  # (B, H, N, D) each
     return teacher.attend(q, k, v, mask, False)[0]
 
 
@@ -154,15 +160,21 @@ def least_squares_map(
 
 @torch.no_grad()
 def init_from_teacher(
-    student: PrimalAttention | HybridAttention, teacher: QKVAttention, x: Tensor, mask: Tensor | None = None
+    student: PrimalAttention | HybridAttention,
+    teacher: QKVAttention,
+    x: Tensor,
+    mask: Tensor | None = None,
+    rope: RopeTables | None = None,
 ) -> dict[str, float]:
     """KSVD for ``W_e, W_r, Lambda`` and least squares for the output map, on the teacher layer's inputs ``x``
     ``(B, N, C)`` (its calibration batch). For the hybrid the map is fitted to the residual of the window and the
-    gates set to 1. Returns the KSVD figures of :func:`ksvd_init` and ``lstsq_residual``."""
+    gates set to 1. ``rope`` (``(cos, sin)``, each ``(B, N, D)``): the teacher's rotary tables, applied to its
+    queries and keys and to the hybrid's window (the primal branch takes none). Returns the KSVD figures of
+    :func:`ksvd_init` and ``lstsq_residual``."""
     info = ksvd_init(student, x, mask)
-    target = teacher_heads(teacher, x, mask).double()  # (B, H, N, p)
+    target = teacher_heads(teacher, x, mask, rope).double()  # (B, H, N, p)
     if isinstance(student, HybridAttention):
-        q, k, v = student._qkv(x)
+        q, k, v = student._qkv(x, _tables(student, rope, x))
         window, _ = student.attend(q, k, v, mask, False)  # (B, H, N, p)
         target = target - window.double()
         student.gate.fill_(1.0)

@@ -54,13 +54,27 @@ def teacher_attention_io(
     return [seen[i] for i in layers]
 
 
-def layer_losses(students: Sequence[nn.Module], io: Sequence[tuple[Tensor, Tensor]], mask: Tensor | None) -> Tensor:
-    """Per-layer normalised output errors ``(L,)`` of the students run on the teacher's inputs (with gradients)."""
+def layer_losses(students: Sequence[nn.Module], io: Sequence[tuple[Tensor, ...]], mask: Tensor | None) -> Tensor:
+    """Per-layer normalised output errors ``(L,)`` of the students run on the teacher's inputs (with gradients).
+
+    ``io`` holds ``(x, target)`` or ``(x, target, rope)`` per layer; ``rope`` (the teacher's rotary tables, or None)
+    is handed to students that take it (``capabilities.rope``)."""
     losses = []
-    for layer, (x, target) in zip(students, io, strict=True):
-        y = layer(x, mask)  # (B, N, C); zero at padded tokens, as the teacher's output
+    for layer, item in zip(students, io, strict=True):
+        x, target, rope = (*item, None)[:3]
+        kw = {"rope": rope} if rope is not None and type(layer).capabilities.rope else {}
+        y = layer(x, mask, **kw)  # (B, N, C); zero at padded tokens, as the teacher's output
         losses.append((y - target).square().sum() / target.square().sum().clamp_min(1e-30))
     return torch.stack(losses)
+
+
+IOFn = Callable[[nn.Module, Tensor, Tensor | None, Sequence[int]], list[tuple[Tensor, ...]]]
+LayersFn = Callable[[nn.Module, Sequence[int]], list[nn.Module]]
+
+
+def _primaldual_layers(model: nn.Module, layers: Sequence[int]) -> list[nn.Module]:
+    blocks = find_blocks(model)
+    return [blocks[i].attn for i in layers]
 
 
 @dataclass
@@ -84,6 +98,8 @@ def attention_transfer(
     log_every: int = 10,
     on_log: Callable[[dict[str, float]], None] | None = None,
     on_step: Callable[[TransferState, torch.optim.Optimizer], None] | None = None,
+    io_fn: IOFn = teacher_attention_io,
+    layers_fn: LayersFn = _primaldual_layers,
 ) -> TransferState:
     """Train the new parameters of ``student``'s converted ``layers`` to reproduce ``teacher``'s attention outputs.
 
@@ -96,6 +112,9 @@ def attention_transfer(
         optimizer: an optimiser over the new parameters (to resume one); default Adam.
         log_every: a history row every ``log_every`` updates, and at the first and last.
         on_log: called with each history row. on_step: called after each update (checkpointing).
+        io_fn, layers_fn: how to read the teacher's attention inputs and outputs, and find the student's converted
+            attention layers; the defaults are for primaldual models, :mod:`primaldual.convert.hf` gives those of a
+            converted Hugging Face model.
 
     Returns:
         The state: ``history`` rows hold ``step``, ``loss`` (mean normalised error), ``loss/layer<i>`` per layer,
@@ -103,8 +122,7 @@ def attention_transfer(
         layer's unweighted term J^2 this step).
     """
     state = state or TransferState()
-    blocks = find_blocks(student)
-    students = [blocks[i].attn for i in layers]
+    students = layers_fn(student, layers)
     params = [p for layer in students for p in new_parameters(layer)]
     if not params:
         raise ValueError("the converted layers have no new parameters to train (the window-only student)")
@@ -118,7 +136,7 @@ def attention_transfer(
     it: Iterator = iter(batches)
     while state.step < steps:
         ids, mask = next(it)
-        io = teacher_attention_io(teacher, ids, mask, layers)
+        io = io_fn(teacher, ids, mask, layers)
         losses = layer_losses(students, io, mask)
         terms = aux_loss_terms(student)  # {group: [(name, weight, term), ...]}
         # as collect_aux_loss: the weighted terms averaged over the calls of a group, the groups summed

@@ -1,0 +1,194 @@
+"""Converting a trained Hugging Face causal LM (GPT-2, Llama): the students of :mod:`primaldual.convert` put in place
+by :func:`primaldual.integrations.hf.convert`, initialised from the teacher and trained by the same stage 1.
+
+:func:`convert_hf` is :func:`primaldual.convert.convert` for a transformers model: a converted copy (the teacher is
+left unchanged), the KSVD and least-squares initialisation on a calibration batch, then teacher-forced attention
+transfer (:func:`~primaldual.convert.transfer.attention_transfer` with this module's readers). The teacher's layer
+inputs are read by hooks on its attention modules, with the rotary tables a Llama passes them
+(``position_embeddings``), so that the students' window branches are rotated as the teacher was. Stage 2 is
+ordinary training of the returned model on the LM loss plus :func:`primaldual.collect_aux_loss`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..attention.base import AttentionLayer
+from ..integrations.torch_nn import attention_from_projections, resolve_layer_indices
+from .init import init_from_teacher
+from .students import STUDENTS
+from .transfer import attention_transfer
+
+__all__ = ["convert_hf", "hf_attention_io", "hf_student_layers", "hf_teacher_layer"]
+
+
+def _hf() -> Any:
+    """The Hugging Face integration and its layout readers (transformers is an optional dependency)."""
+    from types import SimpleNamespace
+
+    from ..integrations import hf
+    from ..integrations.hf.architectures import find_blocks, read_site
+
+    return SimpleNamespace(
+        find_blocks=find_blocks, read_site=read_site, convert=hf.convert, converted_layers=hf.converted_layers
+    )
+
+
+def _key_mask(mask: Tensor | None) -> Tensor | None:
+    """A Hugging Face ``attention_mask`` ``(B, N)`` (1 = keep) as a bool key mask, or None."""
+    return None if mask is None else mask.bool()
+
+
+@torch.no_grad()
+def hf_attention_io(
+    teacher: nn.Module, ids: Tensor, mask: Tensor | None, layers: Sequence[int]
+) -> list[tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]]:
+    """The teacher's attention input ``(B, N, C)``, output ``(B, N, C)`` (zero at padded tokens) and rotary tables
+    (``(cos, sin)`` each ``(B, N, D)``, or None) at each of ``layers``, from one forward in eval mode."""
+    hf = _hf()
+    _, blocks = hf.find_blocks(teacher)
+    seen: dict[int, tuple[Tensor, Tensor, Any]] = {}
+    hooks = []
+    for i in layers:
+        module = hf.read_site(teacher, blocks[i], i).module
+
+        def hook(mod: nn.Module, args: tuple, kwargs: dict, out: Any, i: int = i) -> None:
+            x = args[0] if args else kwargs["hidden_states"]
+            y = out[0] if isinstance(out, tuple) else out
+            rope = kwargs.get("position_embeddings")
+            if rope is None and len(args) > 1 and isinstance(args[1], tuple):
+                rope = args[1]
+            seen[i] = (x.detach(), y.detach(), None if rope is None else tuple(t.detach() for t in rope))
+
+        hooks.append(module.register_forward_hook(hook, with_kwargs=True))
+    was = teacher.training
+    teacher.eval()
+    try:
+        teacher(input_ids=ids, attention_mask=mask, use_cache=False)
+    finally:
+        teacher.train(was)
+        for h in hooks:
+            h.remove()
+    key = _key_mask(mask)
+    out = []
+    for i in layers:
+        x, y, rope = seen[i]
+        if key is not None:
+            y = y.masked_fill(~key[..., None], 0.0)  # the students' outputs are zero at padded tokens
+        if rope is not None:
+            rope = tuple(t.expand(x.shape[0], x.shape[1], -1) for t in rope)  # (B, N, D) each
+        out.append((x, y, rope))
+    return out
+
+
+def hf_student_layers(model: nn.Module, layers: Sequence[int]) -> list[AttentionLayer]:
+    """The primaldual attention layers inside the converted blocks ``layers`` of ``model``."""
+    hf = _hf()
+    _, blocks = hf.find_blocks(model)
+    converted = {id(m): m for m in hf.converted_layers(model).values()}
+    found = []
+    for i in layers:
+        wrapper = next((m for m in blocks[i].modules() if id(m) in converted), None)
+        if wrapper is None:
+            raise ValueError(f"layer {i} of this {type(model).__name__} is not converted")
+        found.append(wrapper.attn)
+    return found
+
+
+def hf_teacher_layer(teacher: nn.Module, index: int) -> AttentionLayer:
+    """The teacher's attention at block ``index`` as a primaldual softmax layer with its weights (grouped K / V heads
+    repeated): the layer the initialisation reads per-head outputs from."""
+    hf = _hf()
+    _, blocks = hf.find_blocks(teacher)
+    site = hf.read_site(teacher, blocks[index], index)
+    layer = attention_from_projections(
+        "softmax", num_heads=site.num_heads, q=site.q, k=site.k, v=site.v, out=site.out, causal=True, scale=site.scale
+    )
+    return layer.eval()
+
+
+def convert_hf(
+    teacher: nn.Module,
+    student: str = "primal",
+    layers: int | Sequence[int] | str = (-1,),
+    *,
+    batches: Iterable[tuple[Tensor, Tensor | None]] | None = None,
+    steps: int = 0,
+    init: str = "teacher",
+    lr: float = 3e-4,
+    log_every: int = 10,
+    **options: Any,
+) -> tuple[nn.Module, dict[str, Any]]:
+    """A converted copy of the transformers causal LM ``teacher`` (left unchanged): swap, initialisation, stage 1.
+
+    Args:
+        teacher: a causal transformers model that :func:`primaldual.integrations.hf.convert` supports (GPT-2, Llama).
+        student, layers, steps, init, lr, options: as :func:`primaldual.convert.convert`.
+        batches: ``(input_ids (B, N), attention_mask (B, N) or None)`` batches of the teacher's data; the first
+            calibrates the initialisation, the next ``steps`` train stage 1.
+        log_every: a stage-1 history row every ``log_every`` updates.
+
+    Returns:
+        ``(model, report)``: report holds ``layers``, ``init`` (per-layer figures) and ``history`` (stage 1).
+    """
+    from . import INITS
+
+    if init not in INITS:
+        raise ValueError(f"init must be one of {INITS}, got {init!r}")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        raise ValueError(f"steps must be an int >= 0, got {steps!r}")
+    if student not in STUDENTS:
+        raise ValueError(f"student must be one of {', '.join(map(repr, STUDENTS))}, got {student!r}")
+    name, fixed = STUDENTS[student]
+    for key in fixed:
+        if key in options:
+            raise ValueError(f"{key}: set by the student {student!r}; do not pass it")
+    hf = _hf()
+    _, blocks = hf.find_blocks(teacher)
+    chosen = resolve_layer_indices(layers, len(blocks))
+    model = hf.convert(copy.deepcopy(teacher), name, chosen, **fixed, **options)
+    report: dict[str, Any] = {"layers": chosen, "init": {}, "history": []}
+    trains = student != "window"
+    if (init == "teacher" and trains) or (steps and trains):
+        if batches is None:
+            raise ValueError("batches: needed for the teacher initialisation and for stage 1")
+        it = iter(batches)
+        if init == "teacher" and trains:
+            ids, mask = next(it)
+            io = hf_attention_io(teacher, ids, mask, chosen)
+            students = hf_student_layers(model, chosen)
+            for i, layer, (x, _, rope) in zip(chosen, students, io):
+                use = rope if type(layer).capabilities.rope else None
+                report["init"][i] = init_from_teacher(layer, hf_teacher_layer(teacher, i), x, _key_mask(mask), use)
+        if steps:
+            masked = ((ids, mask) for ids, mask in it)
+            state = attention_transfer(
+                teacher,
+                model,
+                chosen,
+                _as_key_masks(masked),
+                steps,
+                lr=lr,
+                log_every=log_every,
+                io_fn=_io_with_hf_mask,
+                layers_fn=hf_student_layers,
+            )
+            report["history"] = state.history
+    return model, report
+
+
+def _as_key_masks(batches: Iterable[tuple[Tensor, Tensor | None]]) -> Iterable[tuple[Tensor, Tensor | None]]:
+    """Stage 1 computes its loss with bool key masks; the teacher forward gets them back as 0/1 (see below)."""
+    for ids, mask in batches:
+        yield ids, _key_mask(mask)
+
+
+def _io_with_hf_mask(
+    teacher: nn.Module, ids: Tensor, mask: Tensor | None, layers: Sequence[int]
+) -> list[tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]]:
+    return hf_attention_io(teacher, ids, None if mask is None else mask.long(), layers)

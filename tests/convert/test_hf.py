@@ -1,0 +1,79 @@
+"""primaldual.convert.hf: conversion of a Hugging Face Llama (grouped K / V heads, RoPE) with the teacher-based
+initialisation and stage 1."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from tests.integrations.tiny_models import tiny
+
+pytest.importorskip("transformers")
+from primaldual.convert.hf import convert_hf, hf_attention_io, hf_student_layers  # noqa: E402
+
+
+def _batches(seed: int = 0, n: int = 16):
+    g = torch.Generator().manual_seed(seed)
+    while True:
+        yield torch.randint(2, 50, (4, n), generator=g), None
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(ids, use_cache=False).logits
+
+
+def test_covering_window_hybrid_is_the_teacher_and_stage_one_loss_is_zero():
+    """With a window covering the sequence the rotated window branch is the teacher's softmax: the initialised
+    student gives the teacher's logits, and stage 1 starts at zero loss (the KSVD term then moves the branch a
+    little: the later rows stay small)."""
+    teacher = tiny("llama")
+    before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    model, _ = convert_hf(teacher, "hybrid", "all", batches=_batches(), window=64, sinks=1, s=4)
+    ids = next(_batches(5))[0]
+    torch.testing.assert_close(_logits(model, ids), _logits(teacher, ids), rtol=0, atol=1e-5)
+    _, report = convert_hf(teacher, "hybrid", "all", batches=_batches(), steps=3, log_every=1, window=64, sinks=1, s=4)
+    assert report["history"][0]["loss"] < 1e-10 and max(r["loss"] for r in report["history"]) < 1e-3
+    assert all(torch.equal(before[k], v) for k, v in teacher.state_dict().items())  # teacher forcing leaves it
+
+
+def test_ksvd_initialisation_gives_j_zero_and_stage_one_trains_new_parameters_only():
+    teacher = tiny("llama")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # primal does without RoPE (tested in the integration tests)
+        model, report = convert_hf(teacher, "primal", (-1,), batches=_batches(), steps=4, log_every=1, s=4)
+    assert report["layers"] == [1] and abs(report["init"][1]["J"]) < 1e-8
+    assert 0 <= report["init"][1]["lstsq_residual"] <= 1
+    assert len(report["history"]) == 4
+    changed = {
+        k
+        for k, v in model.state_dict().items()
+        if k in teacher.state_dict() and not torch.equal(v, teacher.state_dict()[k])
+    }
+    assert changed == set()  # the projections the student shares with the teacher are frozen in stage 1
+    layer = hf_student_layers(model, [1])[0]
+    assert layer.w_e.requires_grad  # trainable again afterwards, for stage 2
+
+
+def test_teacher_io_carries_the_rotary_tables():
+    teacher = tiny("llama")
+    ids = next(_batches())[0]
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    ((x, y, rope),) = hf_attention_io(teacher, ids, mask, [0])
+    assert x.shape == y.shape == (4, 16, 32) and rope[0].shape == (4, 16, 8)
+    assert not y[0, :3].any()  # padded positions are zero, as the students' outputs
+
+
+def test_bad_arguments_are_named():
+    teacher = tiny("llama")
+    with pytest.raises(ValueError, match="student must be one of"):
+        convert_hf(teacher, "linear")
+    with pytest.raises(ValueError, match="primal_branch: set by the student 'window'"):
+        convert_hf(teacher, "window", primal_branch=True)
+    with pytest.raises(ValueError, match="batches: needed"):
+        convert_hf(teacher, "hybrid", "all", window=4)
+    with pytest.raises(ValueError, match="init must be one of"):
+        convert_hf(teacher, "hybrid", init="zeros")
