@@ -12,7 +12,8 @@ Steps, each with a time budget; after every step ``suite.json`` (the environment
    when they pass (``--keep-going`` times anyway and marks every figure untrusted).
 2. ``layers``: one attention layer (with its QKV and output projections), bfloat16, forward + backward, width 768,
    12 heads, s = 20, N = 1K-64K at 64K tokens per call (batch 64K / N), causal and not: softmax with SDPA forced to
-   its flash backend, and to cuDNN; primal eager and with its compiled core; the projection floor
+   its flash backend, and to cuDNN; primal eager, with the fused Triton score kernel (``kernel="triton"``) and with
+   its compiled core; the projection floor
    (``primaldual bench layers --tokens 65536``: one call per mechanism and mask, one process per case inside it;
    median and minimum of the timed calls, peak memory). ``--causal only|no`` and ``--no-compile`` narrow it.
 3. ``lm_steps``: training steps of ``lm/english/medium/{transformer,primalformer}`` at 256, 1K and 4K tokens,
@@ -21,8 +22,7 @@ Steps, each with a time budget; after every step ``suite.json`` (the environment
    linear states (``primaldual bench decode``, random weights).
 5. ``lra``: LRA training steps at the paper's batch sizes with AMP (``primaldual bench lra --amp``).
 
-Not here yet (issue 44): the Triton kernel of the primal layer and CUDA-graph decoding; their rows are added when
-they exist. ``--quick --device cpu`` runs every step at toy sizes (what CI checks; no GPU figures).
+Not here yet (issue 44): the fused backward of the Triton kernel and CUDA-graph decoding. ``--quick --device cpu`` runs every step at toy sizes (what CI checks; no GPU figures).
 
 Written by hand: it orchestrates our own ``primaldual bench`` commands and records the machine; nothing to reuse.
 """
@@ -50,6 +50,8 @@ GPU_TEST_FILES = (
     "tests/train/test_compile.py",
     "tests/data/test_augment.py",
 )
+# run whole: on a GPU every case of these runs natively (on a CPU, in Triton's interpreter)
+KERNEL_TEST_FILES = ("tests/kernels/test_primal_scores.py",)
 LENGTHS = (1024, 4096, 16384, 65536)
 TOKENS_PER_CALL = 65536
 # (label, attention, sdpa backend, options, shortest N): the mechanisms of the layer sweep; the compiled primal
@@ -57,6 +59,7 @@ TOKENS_PER_CALL = 65536
 LAYER_CASES = (
     ("softmax_flash", "softmax", "flash", {}, 0),
     ("primal", "primal", None, {"s": 20}, 0),
+    ("primal_triton", "primal", None, {"s": 20, "kernel": "triton"}, 0),  # the fused score kernel
     ("floor", "projections", None, {"s": 20}, 0),  # the primal layer's projections alone
     ("softmax_cudnn", "softmax", "cudnn", {}, 0),
     ("primal_compiled", "primal", None, {"s": 20, "compile": True}, 16384),
@@ -171,14 +174,26 @@ def _cli(*args: str) -> list[str]:
 
 def step_tests(suite: Suite, args: argparse.Namespace) -> bool:
     t0 = time.perf_counter()
+    base = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"]
     files = [f for f in GPU_TEST_FILES if (ROOT / f).is_file()]
-    select = ["-k", "cuda or gpu"]
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *select, *files]
-    code, tail = _run(cmd, BUDGETS["tests"] * args.budget_scale)
-    ok = code == 0
+    kernels = [f for f in KERNEL_TEST_FILES if (ROOT / f).is_file()]
+    runs = [(base + ["-k", "cuda or gpu", *files], files), (base + kernels, kernels)]
+    outputs, ok = [], True
+    for cmd, chosen in runs:
+        if not chosen:
+            continue
+        left = BUDGETS["tests"] * args.budget_scale - (time.perf_counter() - t0)
+        code, tail = _run(cmd, left)
+        ok = ok and code == 0
+        outputs.append(tail)
     suite.step(
         "tests",
-        {"status": "passed" if ok else "failed", "seconds": time.perf_counter() - t0, "files": files, "output": tail},
+        {
+            "status": "passed" if ok else "failed",
+            "seconds": time.perf_counter() - t0,
+            "files": files + kernels,
+            "output": "\n".join(outputs)[-3000:],
+        },
     )
     return ok
 
@@ -198,8 +213,8 @@ def step_layers(suite: Suite, args: argparse.Namespace) -> None:
     causal_cases = {"both": (False, True), "no": (False,), "only": (True,)}[args.causal]
     for causal in (False,) if args.quick else causal_cases:
         for label, attention, backend, options, shortest in LAYER_CASES:
-            if args.quick and (options.get("compile") or backend == "cudnn"):
-                continue  # minutes of CPU compilation; no cuDNN on a CPU: no information at toy sizes
+            if args.quick and (options.get("compile") or backend == "cudnn" or options.get("kernel")):
+                continue  # minutes of CPU compilation; no cuDNN or Triton on a CPU: no information at toy sizes
             if options.get("compile") and args.no_compile:
                 continue
             left = budget - (time.perf_counter() - t0)

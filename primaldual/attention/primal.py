@@ -80,6 +80,7 @@ from .registry import register_attention
 __all__ = ["PATHS", "PrimalAttention", "PrimalState", "RotatedThresholds", "reset_primal_weights"]
 
 PATHS = ("auto", "rotated", "scores")
+KERNELS = ("torch", "triton")
 
 
 class PrimalState(NamedTuple):
@@ -199,6 +200,11 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
 
             :meth:`step` decodes one token from its running state whatever the path (there is no sequence to
             rotate); its output equals the forward's on either path.
+        kernel: ``"torch"`` (default) or ``"triton"``: the score path as one fused Triton kernel
+            (:mod:`primaldual.kernels.primal_scores`; the ``kernels`` extra), on a CUDA device or under
+            ``TRITON_INTERPRET=1``. It replaces the score paths (and, with ``path="auto"``, is preferred to the
+            rotated basis); where it cannot run, the layer warns once (``RuntimeWarning``, naming the cause) and
+            uses the PyTorch score path. Off by default until the GPU figures justify it (docs/benchmarks.md 6).
         thresholds: where ``path="auto"`` switches to the rotated basis: a
             :class:`~primaldual.functional.primal_rotated.RotatedThresholds`, or a mapping of its fields (from a
             config file; the fields left out keep their defaults); None: the defaults. Unused by the other paths.
@@ -225,6 +231,7 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         compile: bool = False,
         path: str = "auto",
         thresholds: RotatedThresholds | Mapping[str, int] | None = None,
+        kernel: str = "torch",
         **kw,
     ) -> None:
         if kw.get("attn_drop", 0.0):
@@ -240,6 +247,11 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         eps = check_number("eps", eps, low=0.0, low_open=True)
         check_bool("compile", compile)
         check_choice("path", path, PATHS)
+        check_choice("kernel", kernel, KERNELS)
+        if kernel == "triton" and path == "rotated":
+            raise ValueError("kernel='triton' computes the score path; it cannot serve path='rotated'")
+        if kernel == "triton" and compile:
+            raise ValueError("kernel='triton' and compile=True: choose one (the kernel is not traced by torch.compile)")
         thresholds = _check_thresholds(thresholds)
         if data_dependent is not None:
             check_bool("data_dependent", data_dependent)
@@ -264,6 +276,8 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         self.eps = float(eps)
         self.compile_core = compile
         self.path = path
+        self.kernel = kernel
+        self._kernel_fallback: str | None = None  # why the kernel could not run (warned once)
         self.thresholds = thresholds
         self._compile_state = "unchecked"  # "unchecked" | "ok" | "eager" (failed or disagreed: stays eager)
         fk = {"device": kw.get("device"), "dtype": kw.get("dtype")}
@@ -414,12 +428,31 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         qk = F.linear(src, p["qk_w"], p["qk_b"]).view(B, N, 2, self.num_heads, self.head_dim)  # (B, N, 2, H, p)
         return self._kernel_from_qk(qk, mask)
 
+    def _use_kernel(self, x: Tensor) -> bool:
+        """Whether the fused score kernel runs on ``x``; the first time it cannot, one named warning."""
+        if self.kernel != "triton":
+            return False
+        from ..kernels.primal_scores import triton_unavailable_reason
+
+        reason = triton_unavailable_reason(x)
+        if reason is not None and self._kernel_fallback is None:
+            self._kernel_fallback = reason
+            warnings.warn(
+                f"primal attention (kernel='triton'): {reason}; this layer uses its PyTorch score path",
+                RuntimeWarning,
+                stacklevel=5,
+            )
+        return reason is None
+
     def _rotated(self, x: Tensor, p: dict[str, Tensor | None], compiled: bool | None = None) -> bool:
         """Whether the core evaluates in the rotated basis: as ``path`` says, or for ``"auto"``
         :func:`~primaldual.functional.primal_rotated.use_rotated` against ``thresholds`` (by length, device, compiled
-        or not (default: whether a trace is running) and whether a backward follows)."""
+        or not (default: whether a trace is running) and whether a backward follows); never where the fused score
+        kernel runs."""
         if self.path != "auto":
             return self.path == "rotated"
+        if self.kernel == "triton" and self._use_kernel(x):
+            return False
         backward = torch.is_grad_enabled() and (
             x.requires_grad or any(v is not None and v.requires_grad for v in p.values())
         )
@@ -452,7 +485,12 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
             if ksvd:
                 term = ksvd_loss_from_energies(energy, p["w_e"], p["w_r"], exact_mask, N, self.ksvd_reduction)
             return out, term
-        scores, _ = primal_scores_from_input(src, p["qk_w"], p["qk_b"], w, self.eps)
+        if self._use_kernel(src):
+            from ..kernels.primal_scores import primal_scores_triton
+
+            scores = primal_scores_triton(src, p["qk_w"], p["qk_b"], w, self.eps)  # (B, N, H, 2, s)
+        else:
+            scores, _ = primal_scores_from_input(src, p["qk_w"], p["qk_b"], w, self.eps)
         term = None
         if ksvd:
             term = ksvd_loss_from_scores(scores, p["w_e"], p["w_r"], p["lam"], exact_mask, self.ksvd_reduction)
@@ -573,5 +611,6 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
             f"ksvd_reduction={self.ksvd_reduction!r}"
             + (", compile=True" if self.compile_core else "")
             + (f", path={self.path!r}" if self.path != "auto" else "")
+            + (f", kernel={self.kernel!r}" if self.kernel != "torch" else "")
             + (f", thresholds={self.thresholds}" if self.thresholds != DEFAULT_THRESHOLDS else "")
         )
