@@ -425,6 +425,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``primaldual bench layers``."""
     p.add_argument("--attentions", default="all", help="comma list of registry names and peers, or 'all'")
     p.add_argument("--peers", action="store_true", help="also run performer and nystrom (the 'bench' extra)")
+    p.add_argument("--no-floor", action="store_true", help="leave out the primal layer's projection floor")
     p.add_argument("--lengths", default="256,1024,4096,16384,65536", help="comma list of N")
     p.add_argument("--modes", default="fwd,fwd_bwd", help="comma list of fwd, fwd_bwd")
     p.add_argument("--batch", type=int, default=None, help="batch size (default 4)")
@@ -503,7 +504,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     attns = names if args.attentions == "all" else [a.strip() for a in args.attentions.split(",") if a.strip()]
     if not attns:
         raise ValueError(f"--attentions: empty; give a comma list of {[*names, *PEERS]} or 'all'")
-    if args.attentions == "all" or "primal" in attns:  # the primal layer's floor rides along with it
+    if (args.attentions == "all" or "primal" in attns) and not args.no_floor:  # the floor rides along with primal
         attns += [FLOOR] if FLOOR not in attns else []
     if args.peers:
         attns += [p for p in PEERS if p not in attns]
