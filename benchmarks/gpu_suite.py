@@ -16,11 +16,13 @@ Steps, each with a time budget; after every step ``suite.json`` (the environment
    its compiled core; the projection floor
    (``primaldual bench layers --tokens 65536``: one call per mechanism and mask, one process per case inside it;
    median and minimum of the timed calls, peak memory). ``--causal only|no`` and ``--no-compile`` narrow it.
-3. ``lm_steps``: training steps of ``lm/english/medium/{transformer,primalformer}`` at 256, 1K and 4K tokens,
+3. ``profile``: the primal layer's operators by device time at N = 16K, eager and with the Triton kernel
+   (``benchmarks/profile_layer.py``).
+4. ``lm_steps``: training steps of ``lm/english/medium/{transformer,primalformer}`` at 256, 1K and 4K tokens,
    eager and compiled (``primaldual bench steps``; needs ``primaldual data fetch english``).
-4. ``decode``: ms per generated token at 1K-64K context, batch 1 and 8, softmax's KV cache against primal and
+5. ``decode``: ms per generated token at 1K-64K context, batch 1 and 8, softmax's KV cache against primal and
    linear states (``primaldual bench decode``, random weights).
-5. ``lra``: LRA training steps at the paper's batch sizes with AMP (``primaldual bench lra --amp``).
+6. ``lra``: LRA training steps at the paper's batch sizes with AMP (``primaldual bench lra --amp``).
 
 Not here yet (issue 44): the fused backward of the Triton kernel and CUDA-graph decoding. ``--quick --device cpu`` runs every step at toy sizes (what CI checks; no GPU figures).
 
@@ -65,7 +67,7 @@ LAYER_CASES = (
 )
 # seconds per step, about 9 minutes in all; measured on an H100: a layer-sweep process is ~10 s of start-up before
 # its first case, the three-mechanism decode sweep ~100 s, one LM step comparison 10-20 s
-BUDGETS = {"tests": 45.0, "layers": 260.0, "lm_steps": 60.0, "decode": 95.0, "lra": 55.0}
+BUDGETS = {"tests": 45.0, "layers": 260.0, "profile": 40.0, "lm_steps": 60.0, "decode": 85.0, "lra": 55.0}
 
 
 def environment(device: str) -> dict[str, Any]:
@@ -261,6 +263,32 @@ def step_layers(suite: Suite, args: argparse.Namespace) -> None:
     )
 
 
+def step_profile(suite: Suite, args: argparse.Namespace) -> None:
+    """The primal layer's kernels by device time (``benchmarks/profile_layer.py``), eager and with the fused kernel:
+    the cause behind its gap to the floor in the layer table."""
+    t0 = time.perf_counter()
+    n, b, dim, heads = (64, 2, 32, 2) if args.quick else (16384, 4, 768, 12)
+    dtype = "float32" if args.quick else "bfloat16"
+    variants = [("eager", {"s": 8 if args.quick else 20, "path": "scores"})]
+    if not args.quick:
+        variants.append(("triton", {"s": 20, "kernel": "triton"}))
+    tables, runs = [], []
+    for label, opts in variants:
+        left = BUDGETS["profile"] * args.budget_scale - (time.perf_counter() - t0)
+        if left <= 0:
+            break
+        out = suite.out / f"profile_primal_{label}.md"
+        cmd = [sys.executable, str(ROOT / "benchmarks" / "profile_layer.py"), "--attention", "primal",
+               "--options", json.dumps(opts), "--device", args.device, "--dtype", dtype, "--length", str(n),
+               "--batch", str(b), "--dim", str(dim), "--heads", str(heads), "--out", str(out)]  # fmt: skip
+        code, tail = _run(cmd, left)
+        runs.append({"variant": label, "exit": code, **({} if code == 0 else {"error": tail[-500:]})})
+        if code == 0:
+            tables.append(out.name)
+    status = "done" if runs and all(r["exit"] == 0 for r in runs) else "partial"
+    suite.step("profile", {"status": status, "seconds": time.perf_counter() - t0, "runs": runs, "tables": tables})
+
+
 def step_lm_steps(suite: Suite, args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     if args.quick:
@@ -325,7 +353,13 @@ def step_lra(suite: Suite, args: argparse.Namespace) -> None:
     suite.step("lra", res)
 
 
-STEPS = {"layers": step_layers, "lm_steps": step_lm_steps, "decode": step_decode, "lra": step_lra}
+STEPS = {
+    "layers": step_layers,
+    "profile": step_profile,
+    "lm_steps": step_lm_steps,
+    "decode": step_decode,
+    "lra": step_lra,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

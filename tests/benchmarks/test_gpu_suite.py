@@ -14,7 +14,17 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_quick_run_writes_every_step_and_refuses_the_cpu_without_quick(tmp_path):
     script = ROOT / "benchmarks" / "gpu_suite.py"
     out = tmp_path / "suite"
-    cmd = [sys.executable, str(script), "--out", str(out), "--device", "cpu", "--quick", "--steps", "tests,layers"]
+    cmd = [
+        sys.executable,
+        str(script),
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--quick",
+        "--steps",
+        "tests,layers,profile",
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     suite = json.loads((out / "suite.json").read_text())
@@ -24,6 +34,9 @@ def test_quick_run_writes_every_step_and_refuses_the_cpu_without_quick(tmp_path)
     by_label = {r["label"]: r for r in layers["records"]}
     assert by_label["primal"]["status"] == "ok" and by_label["floor"]["status"] == "ok"
     assert "| primal | False |" in (out / "suite.md").read_text()
+    assert (
+        suite["steps"]["profile"]["status"] == "done" and "| `aten::" in (out / "profile_primal_eager.md").read_text()
+    )
     bad = subprocess.run([sys.executable, str(script), "--out", str(out), "--device", "cpu"], capture_output=True,
                          text=True, timeout=120)  # fmt: skip
     assert bad.returncode == 2 and "only with --quick" in bad.stderr
