@@ -10,11 +10,13 @@ Here one program takes ``BLOCK_M`` tokens of one sample and one (query-or-key, h
    are data-dependent), stored token-major into ``(B, N, H, 2, s)``; ``inv`` into ``(B, N, 2, H)``.
 
 So the ``(B, N, 2C)`` projection is neither written nor read: per token the kernel moves C inputs in and ``2 H s``
-scores out (plus the weights, once per tile). The backward (:class:`PrimalScores`) saves the inputs and ``inv``, not
-the projection, and recomputes the projection with one GEMM before differentiating the same formula in PyTorch.
+scores out (plus the weights, once per tile). The backward kernel (:class:`PrimalScores` saves the inputs, not the
+projection) recomputes each tile the same way, then writes ``d[Q, K]`` (chain rule through the norms and the
+per-head products) and one ``(p, s)`` share of ``dW`` per tile, summed afterwards in a fixed order (deterministic:
+no atomics); ``dx`` and ``dW_qk`` are two GEMMs on ``d[Q, K]``.
 
 What is not in the kernel yet (issue 44): the causal prefix mean (the caller passes prefix means of x, one
-``cumsum``), the KSVD energies (computed from the returned scores, ``2 H s`` per token), and a fused backward.
+``cumsum``) and the KSVD energies (computed from the returned scores, ``2 H s`` per token).
 ``TRITON_INTERPRET=1`` runs it on CPU tensors, which is how CI tests it; on a GPU it is what
 ``PrimalAttention(kernel="triton")`` calls.
 
@@ -123,6 +125,84 @@ if triton is not None:
         )
         tl.store(inv_ptr + b * sib + rows * sin_ + g * sig, inv, mask=row_ok)
 
+    @triton.jit
+    def _scores_bwd(
+        x_ptr, w_ptr, b_ptr, wes_ptr, g_ptr, dqk_ptr, dwes_ptr,
+        N, C, H, P, S, T,
+        sxb, sxn, sxc,
+        sw0, sw1,
+        swb, swg, swp, sws,
+        sgb, sgn, sgt, sgh, sgs,  # grad of the scores (B, N, H, 2, S)
+        sdb, sdn, sdc,  # d_qk (B, N, 2HP)
+        eps,
+        HAS_BIAS: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        BLOCK_P: tl.constexpr,
+        BLOCK_S: tl.constexpr,
+    ):  # fmt: skip
+        pid_m = tl.program_id(0)
+        g = tl.program_id(1)
+        b = tl.program_id(2)
+        t = g // H
+        h = g % H
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols_p = tl.arange(0, BLOCK_P)
+        cols_s = tl.arange(0, BLOCK_S)
+        row_ok = rows < N
+        p_ok = cols_p < P
+        s_ok = cols_s < S
+        # the projection tile, recomputed as in the forward (never stored)
+        acc = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
+        for k0 in range(0, C, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < C
+            xt = tl.load(
+                x_ptr + b * sxb + rows[:, None] * sxn + ks[None, :] * sxc,
+                mask=row_ok[:, None] & k_ok[None, :],
+                other=0.0,
+            )
+            wt = tl.load(
+                w_ptr + (g * P + cols_p)[None, :] * sw0 + ks[:, None] * sw1,
+                mask=k_ok[:, None] & p_ok[None, :],
+                other=0.0,
+            )
+            acc += tl.dot(xt, wt.to(xt.dtype))
+        if HAS_BIAS:
+            bias = tl.load(b_ptr + g * P + cols_p, mask=p_ok, other=0.0)
+            acc += bias[None, :].to(tl.float32)
+        nrm = tl.sqrt(tl.sum(acc * acc, axis=1))
+        inv = 1.0 / tl.maximum(nrm, eps)
+        we = tl.load(
+            wes_ptr + b * swb + g * swg + cols_p[:, None] * swp + cols_s[None, :] * sws,
+            mask=p_ok[:, None] & s_ok[None, :],
+            other=0.0,
+        ).to(tl.float32)  # (BLOCK_P, BLOCK_S)
+        u = tl.dot(acc, we)  # (BLOCK_M, BLOCK_S), unscaled
+        go = tl.load(
+            g_ptr + b * sgb + rows[:, None] * sgn + t * sgt + h * sgh + cols_s[None, :] * sgs,
+            mask=row_ok[:, None] & s_ok[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        du = go * inv[:, None]  # d(scores)/d(u) = inv
+        d_inv = tl.sum(go * u, axis=1)  # (BLOCK_M,)
+        # inv = 1 / max(||acc||, eps): d inv / d acc = -acc inv^3 where the norm is above eps, else 0
+        coef = tl.where(nrm > eps, -d_inv * inv * inv * inv, 0.0)
+        dacc = tl.dot(du, tl.trans(we)) + coef[:, None] * acc  # (BLOCK_M, BLOCK_P)
+        tl.store(
+            dqk_ptr + b * sdb + rows[:, None] * sdn + (g * P + cols_p)[None, :] * sdc,
+            dacc.to(dqk_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & p_ok[None, :],
+        )
+        # this tile's share of dW_g = acc^T du, one slot per (sample, tile, g): summed outside, no atomics
+        dw = tl.dot(tl.trans(acc), du)  # (BLOCK_P, BLOCK_S)
+        slot = (b * T + pid_m) * (2 * H) + g
+        tl.store(
+            dwes_ptr + slot * P * S + cols_p[:, None] * S + cols_s[None, :],
+            dw,
+            mask=p_ok[:, None] & s_ok[None, :],
+        )
+
 
 def _pow2(n: int, low: int = 16) -> int:
     return max(low, 1 << (max(n, 1) - 1).bit_length())
@@ -169,15 +249,51 @@ def _forward(
     return scores, inv
 
 
-def _reference(x: Tensor, qk_weight: Tensor, qk_bias: Tensor | None, w: Tensor, eps: float) -> Tensor:
-    """The same scores by PyTorch ops (what the backward differentiates)."""
-    from ..functional.primal import primal_scores_from_input
-
-    return primal_scores_from_input(x, qk_weight, qk_bias, w, eps)[0]
+def _backward(
+    grad: Tensor, x: Tensor, qk_weight: Tensor, qk_bias: Tensor | None, w: Tensor, eps: float, needs: tuple[bool, ...]
+) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
+    """The gradients from the fused backward kernel: it recomputes each projection tile, writes ``d[Q, K]``
+    ``(B, N, 2 H p)`` and per-tile shares of ``dW`` (summed here, in a fixed order); two GEMMs give ``dx`` and
+    ``dW_qk``."""
+    B, N, C = x.shape
+    H, P, S = w.shape[-3:]
+    wes = w.reshape(-1, 2 * H, P, S) if w.dim() == 5 else w.reshape(1, 2 * H, P, S)  # (B or 1, 2H, P, S)
+    grad = grad.contiguous()
+    block_m = 64 if N >= 64 else _pow2(N)
+    tiles = triton.cdiv(N, block_m)
+    dqk = torch.empty(B, N, 2 * H * P, device=x.device, dtype=torch.float32)
+    dwes = torch.empty(B, tiles, 2 * H, P, S, device=x.device, dtype=torch.float32)
+    bias = qk_bias if qk_bias is not None else qk_weight
+    _scores_bwd[(tiles, 2 * H, B)](
+        x, qk_weight, bias, wes, grad, dqk, dwes,
+        N, C, H, P, S, tiles,
+        x.stride(0), x.stride(1), x.stride(2),
+        qk_weight.stride(0), qk_weight.stride(1),
+        wes.stride(0) if wes.shape[0] > 1 else 0, wes.stride(1), wes.stride(2), wes.stride(3),
+        grad.stride(0), grad.stride(1), grad.stride(3), grad.stride(2), grad.stride(4),
+        dqk.stride(0), dqk.stride(1), dqk.stride(2),
+        eps,
+        HAS_BIAS=qk_bias is not None,
+        BLOCK_M=block_m,
+        BLOCK_K=32,
+        BLOCK_P=_pow2(P),
+        BLOCK_S=_pow2(S),
+    )  # fmt: skip
+    need_x, need_wq, need_b, need_w = needs
+    flat = dqk.view(B * N, 2 * H * P)  # (B*N, 2HP)
+    gx = (flat @ qk_weight.float()).view(B, N, C).to(x.dtype) if need_x else None
+    gwq = (flat.T @ x.reshape(B * N, C).float()).to(qk_weight.dtype) if need_wq else None
+    gb = flat.sum(0).to(qk_bias.dtype) if need_b and qk_bias is not None else None
+    gw = None
+    if need_w:
+        per_sample = dwes.sum(1)  # (B, 2H, P, S)
+        gw = (per_sample if w.dim() == 5 else per_sample.sum(0)).reshape(w.shape).to(w.dtype)
+    return gx, gwq, gb, gw
 
 
 class PrimalScores(torch.autograd.Function):
-    """Scores by the kernel; gradients by recomputing the projection and differentiating the PyTorch formula."""
+    """Scores by the forward kernel; gradients by the backward kernel (the projection recomputed per tile) and two
+    GEMMs. Saves the inputs only."""
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, qk_weight: Tensor, qk_bias: Tensor | None, w: Tensor, eps: float) -> Tensor:
@@ -189,16 +305,9 @@ class PrimalScores(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         x, qk_weight, qk_bias, w = ctx.saved_tensors
-        need_x, need_wq, need_b, need_w = ctx.needs_input_grad[:4]
-        xi = x.detach().requires_grad_(need_x)
-        wqi = qk_weight.detach().requires_grad_(need_wq)
-        bi = qk_bias.detach().requires_grad_(need_b) if ctx.has_bias else None
-        wi = w.detach().requires_grad_(need_w)
-        with torch.enable_grad():  # the projection recomputed (one GEMM), then the formula differentiated
-            ref = _reference(xi, wqi, bi, wi, ctx.eps)
-        wrt = [t for t in (xi, wqi, bi, wi) if t is not None and t.requires_grad]
-        got = iter(torch.autograd.grad(ref, wrt, grad) if wrt else ())
-        gx, gwq, gb, gw = (next(got) if t is not None and t.requires_grad else None for t in (xi, wqi, bi, wi))
+        gx, gwq, gb, gw = _backward(
+            grad, x, qk_weight, qk_bias if ctx.has_bias else None, w, ctx.eps, tuple(ctx.needs_input_grad[:4])
+        )
         return gx, gwq, gb, gw, None
 
 

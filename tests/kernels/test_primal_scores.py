@@ -44,6 +44,22 @@ def test_scores_and_gradients_match_the_score_path(B, N, C, H, P, S, dependent, 
         assert rel_err(got, want) < TOL
 
 
+def test_zero_rows_follow_the_eps_clamp():
+    """Tokens whose projection is zero (zero input, no bias): the norm is clamped, its gradient is zero there."""
+    torch.manual_seed(3)
+    x = torch.randn(1, 20, 16, device=DEV)
+    x[0, 5:9] = 0.0
+    x.requires_grad_(True)
+    wq = torch.randn(2 * 2 * 8, 16, device=DEV, requires_grad=True)
+    w = torch.randn(2, 2, 8, 3, device=DEV, requires_grad=True)
+    out = ks.primal_scores_triton(x, wq, None, w)
+    ref = primal_scores_from_input(x, wq, None, w)[0]
+    assert torch.isfinite(out).all() and rel_err(out, ref) < TOL
+    g = torch.randn_like(ref)
+    for got, want in zip(torch.autograd.grad(out, (x, wq, w), g), torch.autograd.grad(ref, (x, wq, w), g)):
+        assert torch.isfinite(got).all() and rel_err(got, want) < TOL
+
+
 def test_every_output_element_is_written():
     torch.manual_seed(1)
     B, N, C, H, P, S = 2, 19, 16, 2, 8, 3
