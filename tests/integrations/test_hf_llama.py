@@ -114,3 +114,25 @@ def test_save_pretrained_from_pretrained_round_trip(tmp_path):
     with pytest.warns(UserWarning, match="takes no rotary position embeddings"):
         back = hf.from_pretrained(transformers.LlamaForCausalLM, tmp_path).eval()
     torch.testing.assert_close(_logits(back, ids, mask), ref, rtol=0, atol=0)
+
+
+def test_hybrid_decodes_from_a_bounded_state_in_the_cache():
+    """The converted hybrid keeps its own state (window cache + primal sums) in the model's cache: it does not grow
+    with the generated length."""
+    model = hf.convert(tiny("llama"), "hybrid", "all", window=4, sinks=1, s=4, gate_init=0.5)
+    ids, mask = _left_padded()
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=1,
+                         return_dict_in_generate=True)  # fmt: skip
+    entry = out.past_key_values.layers[0]
+    assert isinstance(entry, hf.StateCacheLayer) and entry.seen == 8 + 24 - 1
+    assert entry.state.window.length <= 2 * (4 + 1) + 16 + 1  # pruned: the window, the sinks and some slack
+    assert entry.state.primal.sum_q.shape == (2, 4, 8)  # constant: (B, H, head width)
+
+
+def test_recomputing_mechanisms_still_decode_exactly():
+    """The SVR family has no incremental path: its cache entry keeps the inputs and the output is recomputed."""
+    model = hf.convert(tiny("gpt2"), "softmax_bn", "all")
+    ids, _ = token_batch(pad_from=None, length=5)
+    mask = torch.ones_like(ids)
+    assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False),
+                       _greedy(model, ids, mask, 4))  # fmt: skip

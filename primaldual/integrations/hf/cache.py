@@ -5,12 +5,13 @@ Hugging Face generation passes one ``Cache`` (a ``DynamicCache`` for GPT-2) thro
 contrastive search and batch selection. A converted layer therefore stores its state in its own entry
 (``cache.layers[layer_idx]``), so the state lives exactly as long as the cache and follows every operation on it:
 
-* **primal** replaces its (still empty) entry by a :class:`PrimalCacheLayer` that holds the layer's constant-size
-  :class:`~primaldual.attention.primal.PrimalState` (running sums of queries and keys, and a count) and the
-  number of tokens seen. A new cache (a new ``generate()`` call, or a plain forward) starts a new state.
-* every other mechanism keeps the layer's **inputs** ``(B, 1, T, C)`` in the ordinary ``DynamicLayer`` of its
-  entry and recomputes its causal output over them (exact for every causal mechanism; O(T) work per token for
-  the linear-time ones, O(T^2) for softmax-like ones).
+* a mechanism with an incremental path (``capabilities.decoding`` ``"constant"``, ``"window_cache"`` or
+  ``"kv_cache"``: primal, linear, hybrid, sparse, softmax) replaces its (still empty) entry by a
+  :class:`StateCacheLayer` that holds the layer's own decoding state (a primal layer's running sums, a hybrid's
+  window cache and sums, a softmax layer's keys and values) and the number of tokens seen; new tokens go through the
+  layer's ``step``. A new cache (a new ``generate()`` call, or a plain forward) starts a new state.
+* the others (the SVR family, ``decoding == "recompute"``) keep the layer's **inputs** ``(B, 1, T, C)`` in the
+  ordinary ``DynamicLayer`` of their entry and recompute the causal output over them (exact; O(T^2) per token).
 """
 
 from __future__ import annotations
@@ -20,14 +21,33 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ...attention.primal import PrimalState
 from .compat import Cache, DynamicLayer, cache_entry, is_plain_dynamic_layer, self_attention_cache, set_cache_entry
 
-__all__ = ["PrimalCacheLayer", "primal_cache_layer", "self_attention_cache"]
+__all__ = ["PrimalCacheLayer", "StateCacheLayer", "primal_cache_layer", "self_attention_cache", "state_cache_layer"]
 
 
-class PrimalCacheLayer(DynamicLayer):
-    """A cache entry holding a causal primal layer's :class:`PrimalState` instead of keys and values.
+def _map_state(state: Any, fn: Any) -> Any:
+    """``state`` (a NamedTuple of tensors, nested NamedTuples and counters) with ``fn`` applied to every tensor (all
+    of them batch-major); counters are kept."""
+    if isinstance(state, Tensor):
+        return fn(state)
+    if isinstance(state, tuple) and hasattr(state, "_fields"):
+        return type(state)(*(_map_state(v, fn) for v in state))
+    return state
+
+
+def _first_tensor(state: Any) -> Tensor | None:
+    if isinstance(state, Tensor):
+        return state
+    if isinstance(state, tuple):
+        for v in state:
+            if (t := _first_tensor(v)) is not None:
+                return t
+    return None
+
+
+class StateCacheLayer(DynamicLayer):
+    """A cache entry holding a converted causal layer's own decoding state instead of Hugging Face keys and values.
 
     It reports the number of tokens seen as its sequence length (so position ids and masks built from the cache
     are right even when every layer is primal), and implements the per-entry operations generation uses:
@@ -36,13 +56,13 @@ class PrimalCacheLayer(DynamicLayer):
     raises.
 
     Attributes:
-        state: the layer's state after the tokens seen, or None before the first forward.
+        state: the layer's state after the tokens seen (its ``step``'s), or None before the first forward.
         seen: number of tokens (real and padding) fed through this cache entry.
     """
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.state: PrimalState | None = None
+        self.state: Any = None
         self.seen = 0
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
@@ -51,15 +71,17 @@ class PrimalCacheLayer(DynamicLayer):
 
     def update(self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
         raise RuntimeError(
-            "this cache entry belongs to a converted primal layer and holds its PrimalState, not keys and values"
+            "this cache entry belongs to a converted primaldual layer and holds its decoding state, not keys and values"
         )
 
-    def store(self, state: PrimalState, new_tokens: int) -> None:
+    def store(self, state: Any, new_tokens: int) -> None:
         """Record the state after ``new_tokens`` more tokens."""
         self.state = state
         self.seen += int(new_tokens)
         self.is_initialized = True
-        self.device = state.sum_q.device
+        first = _first_tensor(state)
+        if first is not None:
+            self.device = first.device
 
     def get_seq_length(self) -> int:
         return self.seen
@@ -77,7 +99,7 @@ class PrimalCacheLayer(DynamicLayer):
 
     def _map(self, fn: Any) -> None:
         if self.state is not None:
-            self.state = PrimalState(*(fn(t) for t in self.state))
+            self.state = _map_state(self.state, fn)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
@@ -91,31 +113,39 @@ class PrimalCacheLayer(DynamicLayer):
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove:
             raise NotImplementedError(
-                "a primal layer's decoding state is a running sum and cannot be cropped (assisted generation / "
-                "rolling back tokens is not supported with a converted primal layer)"
+                "a converted layer's decoding state (running sums, a pruned window) cannot be cropped (assisted "
+                "generation / rolling back tokens is not supported with converted layers)"
             )
 
     def offload(self) -> None:
         self._map(lambda t: t.to("cpu", non_blocking=True))
 
     def prefetch(self) -> None:
-        if self.state is not None and self.state.sum_q.device != self.device:
+        first = _first_tensor(self.state)
+        if first is not None and first.device != self.device:
             device = self.device
             self._map(lambda t: t.to(device, non_blocking=True))
 
 
-def primal_cache_layer(cache: Cache, layer_idx: int) -> PrimalCacheLayer:
-    """The :class:`PrimalCacheLayer` at ``layer_idx``, installed in place of a still empty ``DynamicLayer``."""
+#: the earlier name (it held primal states only)
+PrimalCacheLayer = StateCacheLayer
+
+
+def state_cache_layer(cache: Cache, layer_idx: int) -> StateCacheLayer:
+    """The :class:`StateCacheLayer` at ``layer_idx``, installed in place of a still empty ``DynamicLayer``."""
     entry = cache_entry(cache, layer_idx)
-    if isinstance(entry, PrimalCacheLayer):
+    if isinstance(entry, StateCacheLayer):
         return entry
     if not is_plain_dynamic_layer(entry) or entry.get_seq_length() > 0:
         raise TypeError(
             f"cache entry {layer_idx} is a {type(entry).__name__}"
             + (" that already holds keys and values" if is_plain_dynamic_layer(entry) else "")
-            + "; a converted primal layer needs a fresh DynamicCache (static, sliding-window, quantized and "
+            + "; a converted layer needs a fresh DynamicCache (static, sliding-window, quantized and "
             "offloaded caches are not supported)"
         )
-    entry = PrimalCacheLayer()
+    entry = StateCacheLayer()
     set_cache_entry(cache, layer_idx, entry)
     return entry
+
+
+primal_cache_layer = state_cache_layer

@@ -13,17 +13,17 @@ modules do in transformers 5.
 * **Masks**: the model's mask, in whatever form its attention implementation produces, is converted by
   :func:`~primaldual.integrations.hf.masks.key_mask_from_hf` (True = real token) and checked to hold nothing but
   padding and causality.
-* **Cache** (causal layers): see :mod:`primaldual.integrations.hf.cache`. A primal layer decodes with
-  :meth:`~primaldual.attention.primal.PrimalAttention.step` from the state in its cache entry; other mechanisms
-  recompute over the cached layer inputs.
+* **Cache** (causal layers): see :mod:`primaldual.integrations.hf.cache`. A layer with an incremental path
+  (primal, linear, hybrid, sparse, softmax) decodes with its ``step`` from the state in its cache entry; the SVR
+  family recomputes over the cached layer inputs.
 * **Post-norm models** (BERT, RoBERTa): the replaced module included the residual ``LayerNorm`` of its output
   block; it is kept as ``norm`` and applied as ``norm(attention(x) + x)``.
 * **Attention weights** (``output_attentions``): returned for full forwards; None for cached decoding steps of a
   primal layer (its state keeps no keys).
 * **Rotary embeddings** (Llama): the replaced module received ``position_embeddings = (cos, sin)`` from its decoder
   layer. A mechanism with ``capabilities.rope`` gets them (softmax, sparse; hybrid's window branch); the others
-  (primal) do without: :func:`~primaldual.integrations.hf.convert` warns so when it converts. Cached decoding by
-  recomputation keeps each token's tables beside its input, so the recomputed prefix is rotated as it was.
+  (primal) do without: :func:`~primaldual.integrations.hf.convert` warns so when it converts. Decoding hands each
+  new token's tables to ``step``; the keys kept in a state are stored rotated.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from ...attention.base import AttentionLayer
 from ...attention.primal import PrimalAttention, PrimalState
-from .cache import primal_cache_layer
+from .cache import state_cache_layer
 from .compat import CACHE_KEYWORDS, self_attention_cache
 from .masks import attentions_requested, key_mask_from_hf, record_attentions
 
@@ -170,36 +170,44 @@ class HFSelfAttention(nn.Module):
         if self.layer_idx is None:
             raise ValueError("a converted causal layer needs its layer_idx to use a cache")
         B, N, _ = x.shape
-        if isinstance(self.attn, PrimalAttention):
-            entry = primal_cache_layer(cache, self.layer_idx)
-            T = entry.seen + N
-            key_mask = key_mask_from_hf(mask, batch=B, q_len=N, kv_len=T, causal=True)
-            new_mask = None if key_mask is None else key_mask[:, -N:]  # (B, N)
-            if entry.state is None:  # prefill: the full causal forward (records the KSVD term when training)
+        if type(self.attn).capabilities.decoding != "recompute":
+            return self._stepped(x, mask, cache, need_weights, rope)
+        # the SVR family (no rotary embeddings, no incremental path): every input so far, the output recomputed
+        empty = x.new_zeros(B, 1, N, 0)  # (B, 1, N, 0): the values slot stays empty
+        xs, _ = cache.update(x[:, None], empty, self.layer_idx)  # (B, 1, T, C): every input so far
+        x_all = xs[:, 0]  # (B, T, C)
+        T = x_all.shape[1]
+        key_mask = key_mask_from_hf(mask, batch=B, q_len=N, kv_len=T, causal=True)
+        out, weights = self._run(x_all, key_mask, need_weights)
+        return out[:, T - N :], None if weights is None else weights[:, :, T - N :]
+
+    def _stepped(
+        self, x: Tensor, mask: Any, cache: Any, need_weights: bool, rope: tuple[Tensor, Tensor] | None
+    ) -> tuple[Tensor, Tensor | None]:
+        """Cached forward through the layer's own decoding state (:class:`~.cache.StateCacheLayer`): the prompt by
+        the full causal forward and ``prefill``, each later token by ``step``."""
+        B, N, _ = x.shape
+        entry = state_cache_layer(cache, self.layer_idx)
+        T = entry.seen + N
+        key_mask = key_mask_from_hf(mask, batch=B, q_len=N, kv_len=T, causal=True)
+        new_mask = None if key_mask is None else key_mask[:, -N:]  # (B, N)
+        kw = {} if rope is None else {"rope": rope}
+        if entry.state is None:  # the prompt
+            if isinstance(self.attn, PrimalAttention):  # the full forward records the KSVD term when training
                 out, weights = self._run(x, new_mask, need_weights)
                 entry.store(primal_prefill_state(self.attn, x, new_mask), N)
                 return out, weights
-            state, ys = entry.state, []
-            for t in range(N):  # decoding: constant-size state, one token at a time
-                y_t, state = self.attn.step(x[:, t], state, None if new_mask is None else new_mask[:, t])
-                ys.append(y_t)
+            out, state = self.attn.prefill(x, new_mask, **kw)
+            weights = self._run(x, new_mask, True, rope)[1] if need_weights else None
             entry.store(state, N)
-            return torch.stack(ys, 1), None  # (B, N, C)
-        C = x.shape[-1]
-        # every input so far, each beside its rotary tables when the layer uses them: the recomputed prefix is
-        # rotated by the positions it had
-        packed = x if rope is None else torch.cat([x, rope[0].to(x.dtype), rope[1].to(x.dtype)], -1)  # (B, N, C+2D)
-        empty = x.new_zeros(B, 1, N, 0)  # (B, 1, N, 0): the values slot stays empty
-        xs, _ = cache.update(packed[:, None], empty, self.layer_idx)  # (B, 1, T, C or C+2D)
-        x_all = xs[:, 0, :, :C]  # (B, T, C)
-        T = x_all.shape[1]
-        rope_all = None
-        if rope is not None:
-            D = rope[0].shape[-1]
-            rope_all = (xs[:, 0, :, C : C + D], xs[:, 0, :, C + D :])  # (B, T, D) each
-        key_mask = key_mask_from_hf(mask, batch=B, q_len=N, kv_len=T, causal=True)
-        out, weights = self._run(x_all, key_mask, need_weights, rope_all)
-        return out[:, T - N :], None if weights is None else weights[:, :, T - N :]
+            return out, weights
+        state, ys = entry.state, []
+        for t in range(N):  # one token at a time, from the state
+            kw_t = {} if rope is None else {"rope": (rope[0][:, t], rope[1][:, t])}
+            y_t, state = self.attn.step(x[:, t], state, None if new_mask is None else new_mask[:, t], **kw_t)
+            ys.append(y_t)
+        entry.store(state, N)
+        return torch.stack(ys, 1), None  # (B, N, C)
 
     def extra_repr(self) -> str:
         return f"source={self.source!r}, layer_idx={self.layer_idx}, cache_keyword={self.cache_keyword!r}"
