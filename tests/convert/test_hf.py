@@ -77,3 +77,12 @@ def test_bad_arguments_are_named():
         convert_hf(teacher, "hybrid", "all", window=4)
     with pytest.raises(ValueError, match="init must be one of"):
         convert_hf(teacher, "hybrid", init="zeros")
+
+
+def test_gpt2_converts_the_same_way():
+    """A teacher without rotary embeddings (GPT-2): the covering-window hybrid reproduces it after the init."""
+    teacher = tiny("gpt2")
+    model, report = convert_hf(teacher, "hybrid", "all", batches=_batches(), window=64, sinks=1, s=4)
+    assert set(report["init"]) == {0, 1}
+    ids = next(_batches(7))[0]
+    torch.testing.assert_close(_logits(model, ids), _logits(teacher, ids), rtol=0, atol=1e-5)
