@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+
+# Without a GPU the Triton kernels (tests/kernels) run in Triton's interpreter. It has to be on before anything
+# imports triton (transformers and torch.compile do, in other tests): triton.language's own helpers become
+# interpretable only when they are defined.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # The tiny real-data training config: PrimalFormer's UEA setting shrunk to width 16 on JapaneseVowels (fetched and
 # cached on first use), 4 epochs: seconds per run on a CPU core.

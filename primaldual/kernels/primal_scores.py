@@ -53,6 +53,11 @@ def triton_unavailable_reason(x: Tensor) -> str | None:
         return _IMPORT_ERROR
     if x.device.type == "cpu" and not _interpreting():
         return "the input is on the CPU (the kernel runs on a CUDA device, or on the CPU under TRITON_INTERPRET=1)"
+    if x.device.type == "cpu" and type(tl.standard.zeros).__name__ != "InterpretedFunction":
+        return (
+            "TRITON_INTERPRET=1 was set after triton was imported (its language helpers were built for a GPU); "
+            "set it before anything imports triton"
+        )
     if x.device.type not in ("cpu", "cuda"):
         return f"the input is on {x.device.type}, not a CUDA device"
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
