@@ -19,8 +19,9 @@ corpus's test text (``primaldual data fetch english``; tokenised with SmolLM2's 
 tokens the student also predicts when fed the teacher's continuation (teacher-forced top-1 agreement), and the
 mean length of the identical free-running prefix.
 
-Every phase writes its result into ``--out`` (``results.json``, atomically) and a rerun skips the phases that are
-done; a killed run resumes at the phase it was in. One core by default (``--threads``)::
+Every phase writes its result, with the settings it ran with, into ``--out`` (``results.json``, atomically) and a
+rerun skips the phases that are done; a killed run resumes at the phase it was in. The perplexity context must be
+the same for every phase (the ratios are against the teacher's). One core by default (``--threads``)::
 
     python benchmarks/convert_smollm2.py --out runs/smollm2            # teacher, primal_plus, hybrid
     python benchmarks/convert_smollm2.py --out runs/smollm2 --only teacher,primal_plus
@@ -204,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.json"
     results: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
-    results["settings"] = {k: v for k, v in vars(args).items() if k not in ("out", "only")}
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "only")}
 
     from primaldual.convert.hf import convert_hf
     from primaldual.data.smollm2 import load_smollm2
@@ -225,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = []
         for pr in prompts(tok, english_text("test"), args.prompts, args.prompt_tokens):
             runs.append({"prompt": pr.tolist(), "continuation": greedy(teacher, pr, args.new_tokens).tolist()})
-        results["teacher"] = {**ppl, "greedy": runs, "seconds": time.perf_counter() - t0}
+        results["teacher"] = {**ppl, "greedy": runs, "seconds": time.perf_counter() - t0, "settings": settings}
         atomic_write_json(path, results, indent=1)
         print(f"teacher: ppl {ppl['ppl']:.2f} ({time.perf_counter() - t0:.0f} s)", flush=True)
     for name in (n for n in ("primal_plus", "hybrid") if n in phases and n not in results):
@@ -255,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
             **agree,
             "seconds": {"stage1": t1 - t0, "stage2": t2 - t1, "eval": time.perf_counter() - t2},
             "train_tokens": (1 + args.stage1_steps + args.stage2_steps) * args.batch * args.context,
+            "settings": settings,
         }
         atomic_write_json(path, results, indent=1)
         print(f"{name}: ppl {ppl['ppl']:.2f} ({ppl['ppl'] / results['teacher']['ppl']:.3f}x the teacher), "
@@ -273,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         hist2 = stage2(model, layers, data, args.stage2_steps, args.lr2)
         ppl = perplexity(model, test, args.context, args.eval_chunks)
         results[name] = {"layers": layers, "stage2": hist2, **ppl, "ppl_ratio": ppl["ppl"] / results["teacher"]["ppl"],
-                         "seconds": time.perf_counter() - t0}  # fmt: skip
+                         "seconds": time.perf_counter() - t0, "settings": settings}  # fmt: skip
         atomic_write_json(path, results, indent=1)
         print(f"{name}: ppl {ppl['ppl']:.2f} ({ppl['ppl'] / results['teacher']['ppl']:.3f}x the teacher)", flush=True)
     return 0
