@@ -17,8 +17,9 @@ no atomics); ``dx`` and ``dW_qk`` are two GEMMs on ``d[Q, K]``.
 
 What is not in the kernel yet (issue 44): the causal prefix mean (the caller passes prefix means of x, one
 ``cumsum``) and the KSVD energies (computed from the returned scores, ``2 H s`` per token).
-``TRITON_INTERPRET=1`` runs it on CPU tensors, which is how CI tests it; on a GPU it is what
-``PrimalAttention(kernel="triton")`` calls.
+``TRITON_INTERPRET=1`` runs it on CPU tensors, which is how CI tests it (there its products run in float32 for
+bfloat16 inputs: the interpreter's bfloat16 ``tl.dot`` returns garbage, numpy having no bfloat16); on a GPU it is
+what ``PrimalAttention(kernel="triton")`` calls, with half-precision products on the tensor cores.
 
 Written by hand: the fusion is specific to this layer; no library kernel computes it.
 """
@@ -82,6 +83,7 @@ if triton is not None:
         sib, sin_, sig,  # inv (B, N, 2H) view of (B, N, 2, H)
         eps,
         HAS_BIAS: tl.constexpr,
+        UPCAST: tl.constexpr,  # float32 products: the interpreter's bfloat16 dot is wrong (numpy has no bfloat16)
         BLOCK_M: tl.constexpr,
         BLOCK_K: tl.constexpr,
         BLOCK_P: tl.constexpr,
@@ -110,7 +112,10 @@ if triton is not None:
                 mask=k_ok[:, None] & p_ok[None, :],
                 other=0.0,
             )  # (BLOCK_K, BLOCK_P): W_g^T
-            acc += tl.dot(xt, wt.to(xt.dtype))  # the input dtype on the tensor cores, accumulated in float32
+            if UPCAST:
+                acc += tl.dot(xt.to(tl.float32), wt.to(tl.float32))
+            else:
+                acc += tl.dot(xt, wt.to(xt.dtype))  # the input dtype on the tensor cores, accumulated in float32
         if HAS_BIAS:
             bias = tl.load(b_ptr + g * P + cols_p, mask=p_ok, other=0.0)
             acc += bias[None, :].to(tl.float32)
@@ -141,6 +146,7 @@ if triton is not None:
         sdb, sdn, sdc,  # d_qk (B, N, 2HP)
         eps,
         HAS_BIAS: tl.constexpr,
+        UPCAST: tl.constexpr,  # float32 products: the interpreter's bfloat16 dot is wrong (numpy has no bfloat16)
         BLOCK_M: tl.constexpr,
         BLOCK_K: tl.constexpr,
         BLOCK_P: tl.constexpr,
@@ -172,7 +178,10 @@ if triton is not None:
                 mask=k_ok[:, None] & p_ok[None, :],
                 other=0.0,
             )
-            acc += tl.dot(xt, wt.to(xt.dtype))
+            if UPCAST:
+                acc += tl.dot(xt.to(tl.float32), wt.to(tl.float32))
+            else:
+                acc += tl.dot(xt, wt.to(xt.dtype))
         if HAS_BIAS:
             bias = tl.load(b_ptr + g * P + cols_p, mask=p_ok, other=0.0)
             acc += bias[None, :].to(tl.float32)
@@ -246,6 +255,7 @@ def _forward(
         inv_view.stride(0), inv_view.stride(1), inv_view.stride(3),
         eps,
         HAS_BIAS=qk_bias is not None,
+        UPCAST=_interpreting() and x.dtype == torch.bfloat16,
         BLOCK_M=block_m,
         BLOCK_K=32,
         BLOCK_P=_pow2(P),
@@ -266,7 +276,8 @@ def _backward(
     grad = grad.contiguous()
     block_m = 64 if N >= 64 else _pow2(N)
     tiles = triton.cdiv(N, block_m)
-    dqk = torch.empty(B, N, 2 * H * P, device=x.device, dtype=torch.float32)
+    # d[Q, K] in the input's dtype: the two GEMMs below then run on the tensor cores, as autograd's would
+    dqk = torch.empty(B, N, 2 * H * P, device=x.device, dtype=x.dtype)
     dwes = torch.empty(B, tiles, 2 * H, P, S, device=x.device, dtype=torch.float32)
     bias = qk_bias if qk_bias is not None else qk_weight
     _scores_bwd[(tiles, 2 * H, B)](
@@ -279,6 +290,7 @@ def _backward(
         dqk.stride(0), dqk.stride(1), dqk.stride(2),
         eps,
         HAS_BIAS=qk_bias is not None,
+        UPCAST=_interpreting() and x.dtype == torch.bfloat16,
         BLOCK_M=block_m,
         BLOCK_K=32,
         BLOCK_P=_pow2(P),
@@ -286,9 +298,9 @@ def _backward(
     )  # fmt: skip
     need_x, need_wq, need_b, need_w = needs
     flat = dqk.view(B * N, 2 * H * P)  # (B*N, 2HP)
-    gx = (flat @ qk_weight.float()).view(B, N, C).to(x.dtype) if need_x else None
-    gwq = (flat.T @ x.reshape(B * N, C).float()).to(qk_weight.dtype) if need_wq else None
-    gb = flat.sum(0).to(qk_bias.dtype) if need_b and qk_bias is not None else None
+    gx = (flat @ qk_weight.to(flat.dtype)).view(B, N, C).to(x.dtype) if need_x else None
+    gwq = (flat.T @ x.reshape(B * N, C)).to(qk_weight.dtype) if need_wq else None
+    gb = flat.float().sum(0).to(qk_bias.dtype) if need_b and qk_bias is not None else None
     gw = None
     if need_w:
         per_sample = dwes.sum(1)  # (B, 2H, P, S)

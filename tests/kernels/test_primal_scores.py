@@ -44,6 +44,23 @@ def test_scores_and_gradients_match_the_score_path(B, N, C, H, P, S, dependent, 
         assert rel_err(got, want) < TOL
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_inputs(dtype):
+    """bf16 / fp16 inputs against the float64 score path: within half-precision rounding."""
+    torch.manual_seed(4)
+    x = torch.randn(2, 40, 32, device=DEV).to(dtype).requires_grad_(True)
+    wq = torch.randn(2 * 2 * 16, 32, device=DEV).to(dtype).requires_grad_(True)
+    w = torch.randn(2, 2, 16, 5, device=DEV).to(dtype).requires_grad_(True)
+    out = ks.primal_scores_triton(x, wq, None, w)
+    ref = primal_scores_from_input(x.double(), wq.double(), None, w.double())[0]
+    assert out.dtype == dtype and rel_err(out, ref) < 3e-2
+    g = torch.randn_like(ref)
+    got = torch.autograd.grad(out, (x, wq, w), g.to(dtype))
+    want = torch.autograd.grad(ref, (x, wq, w), g)
+    for a, b in zip(got, want):
+        assert a.dtype == dtype and rel_err(a, b) < 3e-2
+
+
 def test_zero_rows_follow_the_eps_clamp():
     """Tokens whose projection is zero (zero input, no bias): the norm is clamped, its gradient is zero there."""
     torch.manual_seed(3)
