@@ -40,6 +40,14 @@ __all__ = [
 INITS = ("teacher", "random")
 
 
+def check_stages(init: str, steps: int) -> None:
+    """The initialisation and stage-1 arguments of :func:`convert` and :func:`~primaldual.convert.hf.convert_hf`."""
+    if init not in INITS:
+        raise ValueError(f"init must be one of {INITS}, got {init!r}")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        raise ValueError(f"steps must be an int >= 0, got {steps!r}")
+
+
 def initialise_students(
     teacher: nn.Module, student: nn.Module, layers: Sequence[int], ids: Tensor, mask: Tensor | None = None
 ) -> dict[int, dict[str, float]]:
@@ -78,10 +86,7 @@ def convert(
     Returns:
         ``(model, report)``: report holds ``layers``, ``init`` (per-layer figures) and ``history`` (stage 1).
     """
-    if init not in INITS:
-        raise ValueError(f"init must be one of {INITS}, got {init!r}")
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
-        raise ValueError(f"steps must be an int >= 0, got {steps!r}")
+    check_stages(init, steps)
     model, chosen = swap_attention(teacher, student, layers, **options)
     report: dict[str, Any] = {"layers": chosen, "init": {}, "history": []}
     trains = student != "window"

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from ..attention.base import AttentionLayer
 from ..integrations.torch_nn import attention_from_projections, resolve_layer_indices
 from .init import init_from_teacher
-from .students import STUDENTS
+from .students import _check_student
 from .transfer import attention_transfer
 
 __all__ = ["convert_hf", "hf_attention_io", "hf_student_layers", "hf_teacher_layer"]
@@ -136,18 +136,10 @@ def convert_hf(
     Returns:
         ``(model, report)``: report holds ``layers``, ``init`` (per-layer figures) and ``history`` (stage 1).
     """
-    from . import INITS
+    from . import check_stages
 
-    if init not in INITS:
-        raise ValueError(f"init must be one of {INITS}, got {init!r}")
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
-        raise ValueError(f"steps must be an int >= 0, got {steps!r}")
-    if student not in STUDENTS:
-        raise ValueError(f"student must be one of {', '.join(map(repr, STUDENTS))}, got {student!r}")
-    name, fixed = STUDENTS[student]
-    for key in fixed:
-        if key in options:
-            raise ValueError(f"{key}: set by the student {student!r}; do not pass it")
+    check_stages(init, steps)
+    name, fixed = _check_student(student, options)
     hf = _hf()
     _, blocks = hf.find_blocks(teacher)
     chosen = resolve_layer_indices(layers, len(blocks))
@@ -166,12 +158,11 @@ def convert_hf(
                 use = rope if type(layer).capabilities.rope else None
                 report["init"][i] = init_from_teacher(layer, hf_teacher_layer(teacher, i), x, _key_mask(mask), use)
         if steps:
-            masked = ((ids, mask) for ids, mask in it)
             state = attention_transfer(
                 teacher,
                 model,
                 chosen,
-                _as_key_masks(masked),
+                _as_key_masks(it),
                 steps,
                 lr=lr,
                 log_every=log_every,

@@ -50,10 +50,16 @@ def find_blocks(model: nn.Module) -> nn.ModuleList:
     )
 
 
-def _check_student(student: str) -> tuple[str, dict[str, Any]]:
+def _check_student(student: str, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    """``(mechanism, the options the student fixes)``; an unknown student, or ``options`` setting a fixed one, is an
+    error."""
     if student not in STUDENTS:
         raise ValueError(f"student must be one of {', '.join(map(repr, STUDENTS))}, got {student!r}")
-    return STUDENTS[student]
+    name, fixed = STUDENTS[student]
+    for key in fixed:
+        if key in (options or {}):
+            raise ValueError(f"{key}: set by the student {student!r}; do not pass it")
+    return name, fixed
 
 
 def student_layer(teacher: QKVAttention, student: str, **options: Any) -> AttentionLayer:
@@ -65,15 +71,12 @@ def student_layer(teacher: QKVAttention, student: str, **options: Any) -> Attent
         options: the student mechanism's options (``s``, ``eta``, ``ksvd_reduction``; ``window``, ``sinks`` for the
             hybrid).
     """
-    name, fixed = _check_student(student)
+    name, fixed = _check_student(student, options)
     if not isinstance(teacher, QKVAttention) or not teacher.causal:
         raise TypeError(
             f"the teacher layer must be a causal softmax-family attention with a fused qkv projection, got "
             f"{type(teacher).__name__} (causal={getattr(teacher, 'causal', None)})"
         )
-    for key in fixed:
-        if key in options:
-            raise ValueError(f"{key}: set by the student {student!r}; do not pass it")
     inner = teacher.inner_dim
     w, b = teacher.qkv.weight, teacher.qkv.bias
 

@@ -14,6 +14,8 @@ transformers'.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -119,6 +121,16 @@ def load_smollm2(dest: str | os.PathLike | None = None, *, dtype: Any = None) ->
             f"loading SmolLM2 needs transformers and gguf: pip install 'primaldual[llama]' ({err})"
         ) from None
     kw = {"gguf_file": path.name}
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, **kw)
-    model = AutoModelForCausalLM.from_pretrained(path.parent, dtype=dtype or torch.float32, **kw)
+    # off a terminal (a log file) the GGUF reader's progress bar (a plain tqdm, no switch) would fill the log with
+    # carriage returns: its output is held back and every other line passed on
+    held = None if sys.stderr.isatty() else io.StringIO()
+    with contextlib.redirect_stderr(held) if held is not None else contextlib.nullcontext():
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, **kw)
+            model = AutoModelForCausalLM.from_pretrained(path.parent, dtype=dtype or torch.float32, **kw)
+        finally:
+            lines = [] if held is None else held.getvalue().split("\n")
+    for line in lines:
+        if line and "\r" not in line:
+            sys.stderr.write(line + "\n")
     return model.eval(), tokenizer

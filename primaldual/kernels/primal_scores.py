@@ -222,6 +222,31 @@ def _pow2(n: int, low: int = 16) -> int:
     return max(low, 1 << (max(n, 1) - 1).bit_length())
 
 
+def _launch_args(
+    x: Tensor, qk_weight: Tensor, qk_bias: Tensor | None, w: Tensor
+) -> tuple[tuple, tuple, dict[str, Any]]:
+    """What both kernels take alike: the weights as ``(B or 1, 2H, P, S)``, the leading pointer / size / stride
+    arguments, and the compile-time constants."""
+    B, N, C = x.shape
+    H, P, S = w.shape[-3:]
+    wes = w.reshape(-1, 2 * H, P, S) if w.dim() == 5 else w.reshape(1, 2 * H, P, S)  # (B or 1, 2H, P, S)
+    bias = qk_bias if qk_bias is not None else qk_weight  # a valid pointer, unread when HAS_BIAS is False
+    strides = (
+        x.stride(0), x.stride(1), x.stride(2),
+        qk_weight.stride(0), qk_weight.stride(1),
+        wes.stride(0) if wes.shape[0] > 1 else 0, wes.stride(1), wes.stride(2), wes.stride(3),
+    )  # fmt: skip
+    meta = {
+        "HAS_BIAS": qk_bias is not None,
+        "UPCAST": _interpreting() and x.dtype == torch.bfloat16,
+        "BLOCK_M": 64 if N >= 64 else _pow2(N),
+        "BLOCK_K": 32,
+        "BLOCK_P": _pow2(P),
+        "BLOCK_S": _pow2(S),
+    }
+    return (x, qk_weight, bias, wes), strides, meta
+
+
 def _forward(
     x: Tensor,
     qk_weight: Tensor,
@@ -234,32 +259,23 @@ def _forward(
     contiguous buffers ``out`` when given: the tests poison them to see that every element is written)."""
     B, N, C = x.shape
     H, P, S = w.shape[-3:]
-    wes = w.reshape(-1, 2 * H, P, S) if w.dim() == 5 else w.reshape(1, 2 * H, P, S)  # (B or 1, 2H, P, S)
+    pointers, strides, meta = _launch_args(x, qk_weight, qk_bias, w)
     # g = (query-or-key) * H + head indexes the fused weight's row blocks; the scores are stored per (head, q|k)
     if out is None:
         scores = torch.empty(B, N, H, 2, S, device=x.device, dtype=x.dtype)
         inv = torch.empty(B, N, 2, H, device=x.device, dtype=torch.float32)
     else:
         scores, inv = out
-    inv_view = inv  # (B, N, 2, H) contiguous: g = t * H + h is its flat (q|k, head) index
-    block_m = 64 if N >= 64 else _pow2(N)
-    grid = (triton.cdiv(N, block_m), 2 * H, B)
-    bias = qk_bias if qk_bias is not None else qk_weight  # a valid pointer, unread when HAS_BIAS is False
+    # inv (B, N, 2, H) contiguous: g = t * H + h is its flat (q|k, head) index
+    grid = (triton.cdiv(N, meta["BLOCK_M"]), 2 * H, B)
     _scores_fwd[grid](
-        x, qk_weight, bias, wes, scores, inv_view,
+        *pointers, scores, inv,
         N, C, H, P, S,
-        x.stride(0), x.stride(1), x.stride(2),
-        qk_weight.stride(0), qk_weight.stride(1),
-        wes.stride(0) if wes.shape[0] > 1 else 0, wes.stride(1), wes.stride(2), wes.stride(3),
+        *strides,
         scores.stride(0), scores.stride(1), scores.stride(3), scores.stride(2), scores.stride(4),
-        inv_view.stride(0), inv_view.stride(1), inv_view.stride(3),
+        inv.stride(0), inv.stride(1), inv.stride(3),
         eps,
-        HAS_BIAS=qk_bias is not None,
-        UPCAST=_interpreting() and x.dtype == torch.bfloat16,
-        BLOCK_M=block_m,
-        BLOCK_K=32,
-        BLOCK_P=_pow2(P),
-        BLOCK_S=_pow2(S),
+        **meta,
     )  # fmt: skip
     return scores, inv
 
@@ -272,29 +288,20 @@ def _backward(
     ``dW_qk``."""
     B, N, C = x.shape
     H, P, S = w.shape[-3:]
-    wes = w.reshape(-1, 2 * H, P, S) if w.dim() == 5 else w.reshape(1, 2 * H, P, S)  # (B or 1, 2H, P, S)
+    pointers, strides, meta = _launch_args(x, qk_weight, qk_bias, w)
     grad = grad.contiguous()
-    block_m = 64 if N >= 64 else _pow2(N)
-    tiles = triton.cdiv(N, block_m)
+    tiles = triton.cdiv(N, meta["BLOCK_M"])
     # d[Q, K] in the input's dtype: the two GEMMs below then run on the tensor cores, as autograd's would
     dqk = torch.empty(B, N, 2 * H * P, device=x.device, dtype=x.dtype)
     dwes = torch.empty(B, tiles, 2 * H, P, S, device=x.device, dtype=torch.float32)
-    bias = qk_bias if qk_bias is not None else qk_weight
     _scores_bwd[(tiles, 2 * H, B)](
-        x, qk_weight, bias, wes, grad, dqk, dwes,
+        *pointers, grad, dqk, dwes,
         N, C, H, P, S, tiles,
-        x.stride(0), x.stride(1), x.stride(2),
-        qk_weight.stride(0), qk_weight.stride(1),
-        wes.stride(0) if wes.shape[0] > 1 else 0, wes.stride(1), wes.stride(2), wes.stride(3),
+        *strides,
         grad.stride(0), grad.stride(1), grad.stride(3), grad.stride(2), grad.stride(4),
         dqk.stride(0), dqk.stride(1), dqk.stride(2),
         eps,
-        HAS_BIAS=qk_bias is not None,
-        UPCAST=_interpreting() and x.dtype == torch.bfloat16,
-        BLOCK_M=block_m,
-        BLOCK_K=32,
-        BLOCK_P=_pow2(P),
-        BLOCK_S=_pow2(S),
+        **meta,
     )  # fmt: skip
     need_x, need_wq, need_b, need_w = needs
     flat = dqk.view(B * N, 2 * H * P)  # (B*N, 2HP)
