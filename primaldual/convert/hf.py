@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from ..attention.base import AttentionLayer
 from ..integrations.torch_nn import attention_from_projections, resolve_layer_indices
 from .init import init_from_teacher
-from .students import _check_student
+from .students import check_student
 from .transfer import attention_transfer
 
 __all__ = ["convert_hf", "hf_attention_io", "hf_student_layers", "hf_teacher_layer"]
@@ -139,7 +139,7 @@ def convert_hf(
     from . import check_stages
 
     check_stages(init, steps)
-    name, fixed = _check_student(student, options)
+    name, fixed = check_student(student, options)
     hf = _hf()
     _, blocks = hf.find_blocks(teacher)
     chosen = resolve_layer_indices(layers, len(blocks))

@@ -28,7 +28,15 @@ from ..attention.hybrid import HybridAttention
 from ..attention.primal import PrimalAttention
 from ..integrations.torch_nn import attention_from_projections, resolve_layer_indices
 
-__all__ = ["STUDENTS", "find_blocks", "new_parameters", "student_layer", "student_plan", "swap_attention"]
+__all__ = [
+    "STUDENTS",
+    "check_student",
+    "find_blocks",
+    "new_parameters",
+    "student_layer",
+    "student_plan",
+    "swap_attention",
+]
 
 #: student name -> (registered attention, options it always gets)
 STUDENTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -50,7 +58,7 @@ def find_blocks(model: nn.Module) -> nn.ModuleList:
     )
 
 
-def _check_student(student: str, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+def check_student(student: str, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
     """``(mechanism, the options the student fixes)``; an unknown student, or ``options`` setting a fixed one, is an
     error."""
     if student not in STUDENTS:
@@ -71,7 +79,7 @@ def student_layer(teacher: QKVAttention, student: str, **options: Any) -> Attent
         options: the student mechanism's options (``s``, ``eta``, ``ksvd_reduction``; ``window``, ``sinks`` for the
             hybrid).
     """
-    name, fixed = _check_student(student, options)
+    name, fixed = check_student(student, options)
     if not isinstance(teacher, QKVAttention) or not teacher.causal:
         raise TypeError(
             f"the teacher layer must be a causal softmax-family attention with a fused qkv projection, got "
@@ -117,7 +125,7 @@ def student_plan(
 ) -> tuple[list[str], list[dict[str, Any] | None]]:
     """The per-layer attention names and options of the converted model (for a config's ``model.attention`` and
     ``model.attention_options``): ``layers`` (resolved indices) are the student, the others stay ``base``."""
-    name, fixed = _check_student(student)
+    name, fixed = check_student(student)
     names = [name if i in layers else base for i in range(depth)]
     opts = [{**fixed, **options} if i in layers else None for i in range(depth)]
     return names, opts
@@ -147,7 +155,7 @@ def swap_attention(
         if not isinstance(blocks[i].attn, QKVAttention) or isinstance(blocks[i].attn, HybridAttention):
             raise ValueError(f"layers: block {i} holds {type(blocks[i].attn).__name__}, not a softmax teacher layer")
     students = [student_layer(new_blocks[i].attn, student, **options) for i in chosen]
-    name = _check_student(student)[0]
+    name = check_student(student)[0]
     for i, layer in zip(chosen, students):
         new_blocks[i].attn = layer
         new_blocks[i].attention_name = name
