@@ -20,7 +20,7 @@ import torch
 
 from primaldual.convert import attention_transfer, find_blocks, initialise_students, swap_attention
 from primaldual.convert import teacher_attention_io as teacher_io
-from primaldual.train.convert import load_teacher, train_batches
+from primaldual.tasks.lm.convert import load_teacher, train_batches
 from primaldual.utils.io import atomic_write_json
 
 

@@ -1,6 +1,6 @@
 """Time one Decision Transformer update of the offline-RL loop: plain float32 against compile and bf16-mixed.
 
-One update is what :func:`primaldual.rl.train.fit_rl` does per step: draw the batch of that step from the
+One update is what :func:`primaldual.tasks.offline_rl.fit.fit_rl` does per step: draw the batch of that step from the
 :class:`~primaldual.data.d4rl.TrajectoryDataset`, forward and loss, backward, gradient clipping, optimiser and
 schedule steps, and reading the loss back. Five variants of the same config are built in one process, each with its
 own model (same initial weights) and optimiser:

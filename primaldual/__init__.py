@@ -11,6 +11,7 @@ Quick use::
     y = attn(torch.randn(2, 100, 64), mask=torch.ones(2, 100, dtype=torch.bool))
 """
 
+from ._version import __version__ as __version__
 from .attention import (
     AttentionLayer,
     Capabilities,
@@ -25,11 +26,8 @@ from .aux_loss import AuxLossMixin, clear_aux_loss, collect_aux_loss
 from .checks import set_input_checks
 from .dropout import CounterDropout, use_counter_dropout
 from .encoder import Encoder, EncoderBlock, LearnedPositionalEncoding, SinusoidalPositionalEncoding
-from .models.plans import primal_plus, primalformer
-
-__version__ = "0.1.0"
-
 from .integrations import auto_register as _auto_register  # noqa: E402
+from .models.plans import primal_plus, primalformer
 
 _auto_register.install()  # `primaldual export` directories load with AutoModelForCausalLM once transformers is in
 

@@ -50,6 +50,7 @@ def _cmd_attentions(args: argparse.Namespace) -> int:
 SUBCOMMAND_MODULES: list[str] = [
     "primaldual.bench.cli",
     "primaldual.train.cli",
+    "primaldual.tasks.lm.cli",
     "primaldual.data.cli",
     "primaldual.analysis.cli",
 ]

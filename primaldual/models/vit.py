@@ -1,7 +1,7 @@
 """ViT / DeiT image classifier: patch embedding, CLS token, learned positions, pre-LN encoder, linear head.
 
 DeiT (Touvron et al., 2021) is a ViT trained with a recipe (:mod:`primaldual.data.augment`,
-:mod:`primaldual.train.vision`), so the sizes below are the only architectural facts: DeiT-Tiny and DeiT-Small
+:mod:`primaldual.tasks.vision.training`), so the sizes below are the only architectural facts: DeiT-Tiny and DeiT-Small
 with 16 x 16 patches on 224 x 224 images, and a small patch-4 ViT for 28 x 28 images (Fashion-MNIST / MNIST:
 7 x 7 = 49 patches + CLS = 50 tokens). DeiT's optional distillation token (which needs a CNN teacher) is left out.
 The attention of every block is a registry name, so DeiT, Primal.+DeiT (``primal_plus(12, ...)``: the last block

@@ -19,28 +19,29 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..train.errors import ConfigError
-from ..train.protocols import PROTOCOLS, Protocol
+from ..utils.errors import ConfigError
+from .protocols import PROTOCOLS, Protocol
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from ..train.config import RunConfig
+    from ..train.config import RunConfig  # a type name only: the contract imports nothing from train at run time
 
-__all__ = ["Task", "get_task", "list_tasks", "register_task"]
+__all__ = ["Task", "get_protocol", "get_task", "list_tasks", "register_task"]
 
 _REGISTRY: dict[str, Task] = {}
-# the built-in tasks: name -> module, imported on first use (so importing primaldual.tasks stays cheap)
+# the built-in tasks: name -> the module that registers it, imported on first use by name (as a plugin's entry point
+# is), so the registry imports no task and importing primaldual.tasks stays cheap
 _BUILTIN = {
-    "uea": "uea",
-    "lra_listops": "lra",
-    "lra_text": "lra",
-    "lra_retrieval": "lra",
-    "lra_image": "lra",
-    "lra_pathfinder": "lra",
-    "lm": "lm",
-    "offline_rl": "offline_rl",
-    "vision": "vision",
+    "uea": "uea.task",
+    "lra_listops": "lra.task",
+    "lra_text": "lra.task",
+    "lra_retrieval": "lra.task",
+    "lra_image": "lra.task",
+    "lra_pathfinder": "lra.task",
+    "lm": "lm.task",
+    "offline_rl": "offline_rl.task",
+    "vision": "vision.task",
 }
 
 
@@ -90,11 +91,9 @@ class Task:
         raise NotImplementedError(f"task {self.name!r} has no model")
 
     def module(self, cfg: RunConfig, dm: Any) -> Any:
-        """The Lightning module: the model with its loss, optimiser and schedule (default: classification)."""
-        from ..train.module import ClassificationModule
-
-        total = cfg.trainer.max_steps if cfg.step_based else None
-        return ClassificationModule(self.model(cfg, dm), cfg.optim, dm.eval_splits, cfg.schedule, total)
+        """The Lightning module: the model with its loss, optimiser and schedule
+        (:class:`~primaldual.tasks.classification.ClassificationTask` gives the classification one)."""
+        raise NotImplementedError(f"task {self.name!r} has no Lightning module")
 
     def on_run_dir(self, cfg: RunConfig, dm: Any, run_dir: Path) -> None:
         """Called once the run directory is prepared (before training), in the launching process only."""
@@ -105,33 +104,11 @@ class Task:
     ) -> dict[str, Any]:
         """The task's part of ``summary.json``. ``best``: the history row the protocol selected; ``test``: the
         metrics of the selected checkpoint on test (None when the protocol evaluates test every epoch)."""
-        out: dict[str, Any] = {}
-        if self.majority_baseline:
-            from ..train.lra_data import majority_baseline
-
-            out.update(data=data_info(dm), majority_class_test_acc=majority_baseline(dm))
-        if test is None:
-            return {**out, "test_acc": best["test/acc"], "test_loss": best["test/loss"]}
-        return {
-            **out,
-            "val_acc": best["val/acc"],
-            "test_acc": float(test["test/acc"]),
-            "test_loss": float(test["test/loss"]),
-        }
+        raise NotImplementedError(f"task {self.name!r} reports no results")
 
     def report(self, cfg: RunConfig, summary: dict[str, Any], protocol: Protocol) -> str:
         """The lines ``fit`` prints at the end."""
-        s = summary
-        where = (
-            f"step {s['best_step']} of {s['steps']}" if cfg.step_based else f"epoch {s['best_epoch']} of {s['epochs']}"
-        )
-        base = s.get("majority_class_test_acc")
-        base_txt = f"; majority class {100 * base:.2f}%" if base is not None else ""
-        return (
-            f"\n{cfg.data.name} {cfg.name} [{protocol.label}]: test accuracy {100 * s['test_acc']:.2f}% "
-            f"({where}{base_txt})\nrun directory: {s['run_dir']} "
-            f"(config.yaml, history.csv, logs/*/metrics.csv, checkpoints/, summary.json)"
-        )
+        raise NotImplementedError(f"task {self.name!r} has no report")
 
     # --- the seeds table (primaldual seeds) -------------------------------------------------------------------
     table_title: str = "Test accuracy (%)"
@@ -234,3 +211,16 @@ def exclusive_keys(task: str | None = None) -> dict[tuple[str, str | None], set[
 def data_info(dm: Any) -> dict[str, Any]:
     """The plain values of a data module's ``info`` (what ``summary.json`` records of the data)."""
     return {k: v for k, v in getattr(dm, "info", {}).items() if isinstance(v, str | int | float | bool)}
+
+
+def get_protocol(name: str, task: str | None = None) -> Protocol:
+    """The protocol ``name`` (of ``task``, when given: the task may select differently, e.g. on the loss)."""
+    if task is not None:
+        t = get_task(task)
+        if name not in t.protocols:
+            raise ValueError(f"protocol: task {task!r} takes {t.protocols}, got {name!r}")
+        return t.protocol(name)
+    try:
+        return PROTOCOLS[name]
+    except KeyError:
+        raise ValueError(f"protocol: expected one of {sorted(PROTOCOLS)}, got {name!r}") from None

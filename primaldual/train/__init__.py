@@ -1,4 +1,5 @@
-"""Training on PyTorch Lightning (the ``train`` extra): task-model wrapper, UEA data module, protocols, runs.
+"""Training on PyTorch Lightning (the ``train`` extra): what every task shares (runner, run directory, lock,
+checkpoints, callbacks, compile, the config engine). The tasks and their data modules live in :mod:`primaldual.tasks`.
 
 The core layers never import this package, and this package imports Lightning only when one of its names is
 used (``primaldual.train.fit``...), so the ``primaldual`` command works without the ``train`` extra.
@@ -20,14 +21,7 @@ _EXPORTS = {
     "ConfigError": "config",
     "RunConfig": "config",
     "load_config": "config",
-    "UEADataModule": "datamodule",
-    "LMDataModule": "lm",
-    "LanguageModelModule": "lm",
-    "generate_text": "lm",
     "ClassificationModule": "module",
-    "PROTOCOLS": "protocols",
-    "Protocol": "protocols",
-    "get_protocol": "protocols",
     "default_run_dir": "run",
     "evaluate": "run",
     "fit": "run",

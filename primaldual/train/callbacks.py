@@ -31,9 +31,9 @@ import numpy as np
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from ..tasks.protocols import Protocol
 from ..utils.io import atomic_write_bytes
 from .checkpoints import keep_previous, load_checkpoint
-from .protocols import Protocol
 
 __all__ = ["AtomicCheckpointIO", "EpochHistory", "EpochSeed", "StepTimer"]
 

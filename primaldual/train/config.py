@@ -26,9 +26,9 @@ from typing import Any
 import yaml
 
 from ..tasks.base import exclusive_keys
+from ..utils.errors import ConfigError
 from .compose import BUDGETS, MODELS, PLAN_KEYS, Composed, ComposeError, SearchPath, compose, lookup, not_found
 from .compose import TASKS as TASK_FOLDER
-from .errors import ConfigError
 from .schema import (
     SECTIONS,
     AugmentConfig,
@@ -40,7 +40,8 @@ from .schema import (
     ScheduleConfig,
     TrainerConfig,
 )
-from .yaml_values import override_value
+from .validate import check_file, validate_config
+from .yaml_values import override_value, yaml_hint
 
 __all__ = [
     "parse_overrides",
@@ -61,14 +62,6 @@ __all__ = [
     "list_configs",
     "load_config",
 ]
-
-
-def yaml_hint(key: Any) -> str:
-    """A hint for a key such as ``'s:4'``, which YAML reads from ``{s:4}`` (no space after the colon)."""
-    if isinstance(key, str) and ":" in key:
-        k, _, v = key.partition(":")
-        return f" (YAML reads {{{key}}} as the key {key!r}; write {{{k}: {v}}} with a space after the colon)"
-    return ""
 
 
 def _build(cls: type, values: dict[str, Any], where: str) -> Any:
@@ -133,8 +126,6 @@ def _known_key(key: str) -> bool:
 
 def _compose(spec: str, overrides: list[tuple[str, Any]] = (), config_dir: str | os.PathLike | None = None):
     try:
-        from .validate import check_file
-
         c = compose(str(spec), SearchPath(config_dir), check_file, overrides, _known_key)
     except ComposeError as e:
         raise ConfigError(str(e)) from None
@@ -206,7 +197,7 @@ def load_config(
             cfg = _build(RunConfig, c.values, "")
         except (ConfigError, TypeError) as e:
             raise ConfigError(f"{c.origin}: {e}") from None
-    return apply_overrides(cfg, overrides or []).validate()
+    return validate_config(apply_overrides(cfg, overrides or []))
 
 
 def apply_overrides(cfg: RunConfig, args: list[str]) -> RunConfig:

@@ -77,7 +77,7 @@ def loggers(kind: str, run_dir: Any, name: str) -> list[Any]:
 
     from lightning.pytorch.loggers import CSVLogger
 
-    from .errors import ConfigError
+    from ..utils.errors import ConfigError
 
     out: list[Any] = [CSVLogger(run_dir, name="logs")]
     if kind == "tensorboard":

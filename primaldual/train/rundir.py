@@ -206,7 +206,7 @@ def _refuse_inside(run_dir: Path, inside: list[str]) -> ConfigError:
 
 def _mark(run_dir: Path) -> None:
     if not (run_dir / MARK).is_file():
-        from .. import __version__
+        from .._version import __version__
 
         atomic_write_text(run_dir / MARK, json.dumps({"primaldual": __version__, "created": time.time()}) + "\n")
 

@@ -15,7 +15,6 @@ from typing import Any
 
 from ..data.augment import AugmentSettings
 from ..tasks.base import get_task
-from .errors import ConfigError
 
 __all__ = [
     "SECTIONS",
@@ -38,17 +37,17 @@ class DataConfig:
     ``fetch`` obtains JapaneseVowels automatically when it is missing; ``val_fraction``: stratified share of TRAIN
     held out for validation (heldout protocol; also for LRA data that ships without a validation split).
 
-    LRA (see :mod:`primaldual.train.lra_data`): ``name`` the dataset (e.g. ``listops``, ``imdb``,
+    LRA (see :mod:`primaldual.tasks.lra.data`): ``name`` the dataset (e.g. ``listops``, ``imdb``,
     ``shakespeare_genre``, ``aan``, ``fashion_mnist``, ``pathfinder32_L14``); ``max_len`` the padded length;
     ``tokenisation`` ListOps' ``brackets`` / ``no_brackets``; ``stand_in`` the obtainable real-data stand-in that an
     error message suggests when the named data is missing (never substituted silently); ``train_pairs`` /
     ``eval_pairs`` pairs drawn per split by the retrieval stand-in; ``val_size``: evaluate a fixed random subset of the
     validation split of this size (cheaper periodic evaluation; the test split is always used whole).
 
-    LM (see :mod:`primaldual.train.lm`): ``name`` one of :data:`LM_DATASETS`; ``root`` the corpus folder (None: the
+    LM (see :mod:`primaldual.tasks.lm.training`): ``name`` one of :data:`LM_DATASETS`; ``root`` the corpus folder (None: the
     cache); ``max_len`` the tokens per sample (contiguous, non-overlapping chunks); ``val_size`` as LRA, in chunks.
 
-    Vision (see :mod:`primaldual.train.vision`): ``name`` ``fashion_mnist`` / ``mnist`` (idx files) or any name of an
+    Vision (see :mod:`primaldual.tasks.vision.training`): ``name`` ``fashion_mnist`` / ``mnist`` (idx files) or any name of an
     image-folder tree at ``root`` (``train/<class>/*``, ``val/<class>/*``, optional ``test/<class>/*``);
     ``image_size`` the side the model sees (None: the idx images' 28; required for folders); ``crop_pct``: folders
     are decoded at ``image_size / crop_pct`` (shorter side, centre square) and evaluated on the centre
@@ -260,25 +259,6 @@ class RunConfig:
     def step_based(self) -> bool:
         """True when training is counted in optimiser steps (``trainer.max_steps > 0``), as LRA."""
         return self.trainer.max_steps > 0
-
-    def validate(self) -> RunConfig:
-        """Check every value (types, ranges, names, combinations) and return ``self``; raise :class:`ConfigError`.
-
-        Covers what the run passes on: the attention of every layer is looked up in the registry and built (on the
-        ``meta`` device, so no memory is used) with the config's width, heads and options, so an unknown attention
-        or option, or an out-of-range option value, is reported here under its config key. What depends on the
-        machine (an accelerator that is not there) is checked by :func:`check_machine` when a run starts.
-        """
-        from .validate import validate_config
-
-        try:
-            validate_config(self)
-        except ConfigError:
-            raise
-        except (TypeError, ValueError, KeyError) as e:
-            msg = e.args[0] if isinstance(e, KeyError) and e.args and isinstance(e.args[0], str) else str(e)
-            raise ConfigError(msg) from None
-        return self
 
 
 # (section, key) of config keys introduced after 0.1.0 (see RunConfig.fingerprint)

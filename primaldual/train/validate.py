@@ -18,9 +18,10 @@ from ..encoder import ACTIVATIONS
 from ..models.init import INITS
 from ..options import check_bool, check_choice, check_int, check_number
 from ..tasks.base import exclusive_keys, get_task
+from ..utils.errors import ConfigError
 from .compose import PLAN_KEYS
-from .config import SECTIONS, ModelConfig, RunConfig, yaml_hint
-from .errors import ConfigError
+from .schema import SECTIONS, ModelConfig, RunConfig
+from .yaml_values import yaml_hint
 
 __all__ = [
     "check_file",
@@ -111,7 +112,25 @@ def peer_attention(m: ModelConfig, what: str) -> None:
         )
 
 
-def validate_config(cfg: RunConfig) -> None:
+def validate_config(cfg: RunConfig) -> RunConfig:
+    """Check every value (types, ranges, names, combinations) and return ``cfg``; raise :class:`ConfigError`.
+
+    Covers what the run passes on: the attention of every layer is looked up in the registry and built (on the
+    ``meta`` device, so no memory is used) with the config's width, heads and options, so an unknown attention
+    or option, or an out-of-range option value, is reported here under its config key. What depends on the
+    machine (an accelerator that is not there) is checked by :func:`check_machine` when a run starts.
+    """
+    try:
+        _validate_config(cfg)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError, KeyError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args and isinstance(e.args[0], str) else str(e)
+        raise ConfigError(msg) from None
+    return cfg
+
+
+def _validate_config(cfg: RunConfig) -> None:
     """Raise :class:`ConfigError` naming the first bad value of ``cfg``."""
     task = get_task(cfg.task)
     if cfg.protocol not in PROTOCOLS:

@@ -95,8 +95,8 @@ def load_yaml(text: str) -> Any:
 
 def override_value(text: str, flag: str) -> Any:
     """The value of a command-line override ``--flag text``, parsed as YAML; a malformed one (an unclosed bracket, a
-    control character) is a :class:`~primaldual.train.errors.ConfigError` naming the flag."""
-    from .errors import ConfigError
+    control character) is a :class:`~primaldual.utils.errors.ConfigError` naming the flag."""
+    from ..utils.errors import ConfigError
 
     if not text.strip():  # YAML reads it as null: a default the user did not ask for
         raise ConfigError(f"{flag}: empty value; give a value, or null for none")
@@ -105,3 +105,11 @@ def override_value(text: str, flag: str) -> Any:
     except yaml.YAMLError as e:
         reason = " ".join(str(e).split())[:160]
         raise ConfigError(f"{flag}: {text!r} is not a valid YAML value ({reason})") from None
+
+
+def yaml_hint(key: Any) -> str:
+    """A hint for a key such as ``'s:4'``, which YAML reads from ``{s:4}`` (no space after the colon)."""
+    if isinstance(key, str) and ":" in key:
+        k, _, v = key.partition(":")
+        return f" (YAML reads {{{key}}} as the key {key!r}; write {{{k}: {v}}} with a space after the colon)"
+    return ""

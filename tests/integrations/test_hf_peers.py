@@ -114,7 +114,7 @@ def test_hf_gpt2_fits_end_to_end_and_reports_test_perplexity(tmp_path, english_d
     state = torch.load(run_dir / "checkpoints" / "best.ckpt", weights_only=True)["state_dict"]
     assert any(k.startswith("model.model.transformer.h.0.attn.c_attn") for k in state)
     # generation decodes our CausalLM only: one clear error, not a wrong model
-    from primaldual.train.lm import generate_text
+    from primaldual.tasks.lm.training import generate_text
 
     with pytest.raises(ValueError, match="model.kind 'hf_gpt2'"):
         generate_text(run_dir, "the kernel")

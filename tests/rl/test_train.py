@@ -238,7 +238,7 @@ def _copy_data(src, dst, name: str):
 
 
 def test_data_name_chooses_the_file_and_data_root_may_be_the_file(capsys, tmp_path, hopper_dir):
-    from primaldual.rl.train import data_file
+    from primaldual.tasks.offline_rl.fit import data_file
 
     both = tmp_path / "both"
     _copy_data(hopper_dir, both, "hopper-expert")  # alphabetically first: once trained on instead of the named one

@@ -13,6 +13,7 @@ from torch import nn
 
 from primaldual import Encoder
 from primaldual.tasks import Task, get_task, list_tasks, register_task, unregister_task
+from primaldual.tasks.classification import ClassificationTask
 from primaldual.train.config import ConfigError, load_config
 
 BUILT_IN = [
@@ -41,7 +42,7 @@ class ParityModel(nn.Module):
         return self.head(self.encoder(self.inp(x)).mean(1))  # (B, N, C) -> (B, 2)
 
 
-class ToyTask(Task):
+class ToyTask(ClassificationTask):
     """Is the sum of a sequence positive? Generated on the fly: a test of the registry, not a benchmark."""
 
     model_kinds = ("parity",)

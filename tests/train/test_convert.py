@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from primaldual.cli import main
+from primaldual.tasks.lm.convert import load_convert_config
 from primaldual.train.checkpoints import load_checkpoint
-from primaldual.train.convert import load_convert_config
 from primaldual.train.rundir import run_config
 
 from .helpers import fit_cmd, run
@@ -178,8 +178,8 @@ def test_stage2_kl_to_the_teacher_is_zero_for_an_identical_teacher_and_kept_out_
     import copy
 
     from primaldual.models import CausalLM
+    from primaldual.tasks.lm.training import LanguageModelModule
     from primaldual.train.config import OptimConfig
-    from primaldual.train.lm import LanguageModelModule
 
     torch.manual_seed(0)
     model = CausalLM(40, 16, dim=16, depth=2, num_heads=2, ffn_dim=32, dropout=0.0).double()

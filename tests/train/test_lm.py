@@ -224,8 +224,8 @@ class _FixedLogits(nn.Module):
 def test_perplexity_is_exp_of_summed_nll_over_token_count():
     import lightning as L
 
+    from primaldual.tasks.lm.training import LanguageModelModule
     from primaldual.train.config import OptimConfig
-    from primaldual.train.lm import LanguageModelModule
 
     # next-token probabilities: after 0 -> (1/2, 1/4, 1/4); after 1 -> (1/8, 3/4, 1/8); after 2 -> uniform
     probs = torch.tensor([[0.5, 0.25, 0.25], [0.125, 0.75, 0.125], [1 / 3, 1 / 3, 1 / 3]], dtype=torch.float64)
@@ -344,7 +344,7 @@ def test_export_writes_a_transformers_directory_that_loads_and_generates_as_the_
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from primaldual.cli import main
-    from primaldual.train.lm import load_run_lm
+    from primaldual.tasks.lm.training import load_run_lm
 
     out = tmp_path / "exported"
     assert main(["export", str(english_run), "--format", "hf", "--out", str(out)]) == 0

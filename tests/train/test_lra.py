@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from primaldual.data.cache import MissingDataError
-from primaldual.tasks.lra import build_lra_splits
+from primaldual.tasks.lra.task import build_lra_splits
 from primaldual.train.config import ConfigError, list_configs, load_config
 from primaldual.train.module import lr_factor
 

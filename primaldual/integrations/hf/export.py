@@ -286,7 +286,7 @@ def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike, *, ckpt: str =
         FileNotFoundError: not a run directory, or no such checkpoint. ValueError: not a ``model.kind: lm`` run.
         FileExistsError: ``out`` holds files of someone else's, or an earlier export without ``force``.
     """
-    from ...train.lm import load_run_lm
+    from ...tasks.lm.training import load_run_lm
     from ...utils.io import atomic_dir
 
     out = Path(out)

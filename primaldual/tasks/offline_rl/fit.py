@@ -46,11 +46,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..aux_loss import collect_aux_loss
-from ..data.cache import MissingDataError, dataset_dir
-from ..train.config import ConfigError, RunConfig
-from ..train.module import build_optimizer, lr_factor
-from ..utils.io import atomic_write_bytes, atomic_write_json, atomic_write_text
+from ...aux_loss import collect_aux_loss
+from ...data.cache import MissingDataError, dataset_dir
+from ...train.config import ConfigError, RunConfig
+from ...train.module import build_optimizer, lr_factor
+from ...utils.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 __all__ = ["behaviour_score", "build_dt", "data_file", "fit_rl", "rl_data_dir"]
 
@@ -65,7 +65,7 @@ def rl_data_dir(cfg: RunConfig) -> Path:
 
 
 def _env_kind(name: str) -> tuple[str, str]:
-    from .evaluate import env_key
+    from ...rl.evaluate import env_key
 
     env, _, kind = name.partition("-")
     try:
@@ -81,7 +81,7 @@ def _generate_hint(env: str, kind: str) -> str:
 
 
 def _load_data(cfg: RunConfig) -> tuple[Any, dict[str, Any], Path]:
-    from ..data.d4rl import read_d4rl
+    from ...data.d4rl import read_d4rl
 
     env, kind = _env_kind(cfg.data.name)
     path = data_file(cfg)
@@ -94,7 +94,7 @@ def _load_data(cfg: RunConfig) -> tuple[Any, dict[str, Any], Path]:
 def _read_metadata(path: Path) -> dict[str, Any]:
     """The generator's ``metadata.json`` beside the data (a JSON object); anything else is a
     :class:`~primaldual.data.d4rl.D4RLFormatError` naming the file."""
-    from ..data.d4rl import D4RLFormatError
+    from ...data.d4rl import D4RLFormatError
 
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
@@ -138,7 +138,7 @@ def data_file(cfg: RunConfig) -> Path:
 
 def _check_widths(env: str, state_dim: int, act_dim: int, path: Path) -> None:
     """Refuse data whose observation / action widths are not the environment's (before any training step)."""
-    from .evaluate import env_id, make_env
+    from ...rl.evaluate import env_id, make_env
 
     e = make_env(env)
     try:
@@ -165,7 +165,7 @@ def behaviour_score(meta: dict[str, Any], kind: str) -> dict[str, Any] | None:
 def build_dt(cfg: RunConfig, state_dim: int, act_dim: int) -> nn.Module:
     """The :class:`~primaldual.models.DecisionTransformer` of ``cfg.model`` / ``cfg.rl`` for these sizes, or for
     ``model.kind: hf_dt`` Hugging Face's (:class:`~primaldual.integrations.hf.peers.HFDecisionTransformer`)."""
-    from ..models.decision_transformer import DecisionTransformer
+    from ...models.decision_transformer import DecisionTransformer
 
     m = cfg.model
     if m.resolved_kind(cfg.task) == "hf_dt":
@@ -186,7 +186,7 @@ def build_dt(cfg: RunConfig, state_dim: int, act_dim: int) -> nn.Module:
 
 def _hf_dt(cfg: RunConfig, state_dim: int, act_dim: int) -> nn.Module:
     try:
-        from ..integrations.hf.peers import HFDecisionTransformer
+        from ...integrations.hf.peers import HFDecisionTransformer
     except ImportError as e:
         raise ConfigError(f"model.kind: 'hf_dt' needs the hf extra ({e})") from None
     m = cfg.model
@@ -242,7 +242,7 @@ def _loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tenso
 
 
 def _evaluate(cfg: RunConfig, model: nn.Module, env: str, targets: list[float], mean, std) -> dict[str, Any]:
-    from ..rl.evaluate import evaluate_policy
+    from ...rl.evaluate import evaluate_policy
 
     was = model.training
     model.eval()
@@ -275,7 +275,7 @@ def _device(model: nn.Module) -> torch.device:
 
 
 def _save(path: Path, state: dict[str, Any]) -> None:
-    from ..train.checkpoints import keep_previous
+    from ...train.checkpoints import keep_previous
 
     buf = io.BytesIO()
     torch.save(state, buf)
@@ -288,7 +288,7 @@ def _load_last(run_dir: Path, note) -> tuple[Path, dict[str, Any]] | None:
     resume_checkpoint`): ``last.ckpt``, else ``last.prev.ckpt`` (the bad file kept as ``last.ckpt.corrupt``), else a
     :class:`~primaldual.train.checkpoints.CheckpointError` naming ``--fresh``; ``(path, state)``, or None for a fresh
     start."""
-    from ..train.checkpoints import load_checkpoint, resume_checkpoint
+    from ...train.checkpoints import load_checkpoint, resume_checkpoint
 
     path = resume_checkpoint(run_dir, note, weights_key="model")
     return None if path is None else (path, load_checkpoint(path, weights_key="model"))
@@ -303,7 +303,7 @@ def _restore(
 ) -> tuple[int, list[dict[str, Any]], float]:
     """Load a checkpoint of this loop into the model, optimiser and schedule; ``(step, history rows, train
     seconds)``. A checkpoint of another model or format is a :class:`CheckpointError` naming the file."""
-    from ..train.checkpoints import CheckpointError
+    from ...train.checkpoints import CheckpointError
 
     hint = "pass --fresh to start the run over, or another --run-dir"
     if missing := [k for k in _STATE_KEYS if k not in state]:
@@ -331,10 +331,10 @@ def _write_history(run_dir: Path, rows: list[dict[str, Any]]) -> None:
 
 def fit_rl(cfg: RunConfig, run_dir: Path, *, fresh: bool = False, verbose: bool = True) -> dict[str, Any]:
     """Train (or resume) one offline RL run; return its summary (also written to ``summary.json``)."""
-    from ..data.d4rl import TrajectoryDataset
-    from ..train.lock import RunLock
-    from ..train.rundir import prepare_run_dir
-    from .evaluate import TARGET_RETURNS, require_rl
+    from ...data.d4rl import TrajectoryDataset
+    from ...rl.evaluate import TARGET_RETURNS, require_rl
+    from ...train.lock import RunLock
+    from ...train.rundir import prepare_run_dir
 
     require_rl("gymnasium", "h5py")
     if cfg.trainer.accelerator not in ("auto", "cpu") and not torch.cuda.is_available():
@@ -381,7 +381,7 @@ def fit_rl(cfg: RunConfig, run_dir: Path, *, fresh: bool = False, verbose: bool 
             f"targets {targets}\nrun directory: {run_dir}"
         )
         if cfg.trainer.compile:  # in place (same parameter names), checked against eager on one batch
-            from ..train.compile import compile_model
+            from ...train.compile import compile_model
 
             first = {k: v.to(device) for k, v in _batch(ds, step, B, per_epoch).items()}
             compile_model(model, _inputs(first), note)

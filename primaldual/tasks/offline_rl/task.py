@@ -4,7 +4,7 @@ Models: ``model.kind: dt``, :class:`~primaldual.models.DecisionTransformer`; ``h
 ``DecisionTransformerModel`` at the same sizes (:class:`~primaldual.integrations.hf.peers.HFDecisionTransformer`,
 the ``hf`` extra), a peer trained and evaluated by the same loop.
 
-Its own loop (:func:`primaldual.rl.train.fit_rl`), not a Lightning ``Trainer``: no ``validate`` / ``test`` (the
+Its own loop (:func:`primaldual.tasks.offline_rl.fit.fit_rl`), not a Lightning ``Trainer``: no ``validate`` / ``test`` (the
 rollouts during fit are the evaluation; the final checkpoint is reported). Everything offline RL lives in
 :mod:`primaldual.rl`.
 """
@@ -14,10 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..options import check_bool, check_int, check_number
-from ..train.config import ConfigError, RunConfig
-from ..train.validate import path_part, peer_attention
-from .base import Task, register_task
+from ...options import check_bool, check_int, check_number
+from ...train.config import ConfigError, RunConfig
+from ...train.validate import path_part, peer_attention
+from ..base import Task, register_task
 
 __all__ = ["OfflineRLTask"]
 
@@ -93,6 +93,6 @@ class OfflineRLTask(Task):
         ]
 
     def fit(self, cfg: RunConfig, run_dir: Path, *, fresh: bool = False, verbose: bool = True) -> dict[str, Any]:
-        from ..rl.train import fit_rl
+        from .fit import fit_rl
 
         return fit_rl(cfg, run_dir, fresh=fresh, verbose=verbose)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LM_HELDOUT", "PROTOCOLS", "Protocol", "get_protocol"]
+__all__ = ["LM_HELDOUT", "PROTOCOLS", "Protocol"]
 
 
 @dataclass(frozen=True)
@@ -53,18 +53,3 @@ PROTOCOLS: dict[str, Protocol] = {
 LM_HELDOUT = Protocol(
     "heldout", "heldout protocol (lowest validation loss selects the checkpoint; test evaluated once)", "val", "loss"
 )
-
-
-def get_protocol(name: str, task: str | None = None) -> Protocol:
-    """The protocol ``name`` (of ``task``, when given: the task may select differently, e.g. on the loss)."""
-    if task is not None:
-        from ..tasks.base import get_task
-
-        t = get_task(task)
-        if name not in t.protocols:
-            raise ValueError(f"protocol: task {task!r} takes {t.protocols}, got {name!r}")
-        return t.protocol(name)
-    try:
-        return PROTOCOLS[name]
-    except KeyError:
-        raise ValueError(f"protocol: expected one of {sorted(PROTOCOLS)}, got {name!r}") from None

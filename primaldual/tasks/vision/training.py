@@ -32,13 +32,13 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Subset
 
-from ..aux_loss import collect_aux_loss
-from ..data.cache import MissingDataError
-from ..data.splits import stratified_split
-from ..tasks.vision import VISION_IDX_DATASETS
-from .config import AugmentConfig, ConfigError, OptimConfig, ScheduleConfig
-from .datamodule import SplitDataModule
-from .module import ClassificationModule, build_optimizer
+from ...aux_loss import collect_aux_loss
+from ...data.cache import MissingDataError
+from ...data.splits import stratified_split
+from ...train.config import AugmentConfig, ConfigError, OptimConfig, ScheduleConfig
+from ...train.datamodule import SplitDataModule
+from ...train.module import ClassificationModule, build_optimizer
+from . import VISION_IDX_DATASETS
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "VisionDataModule", "VisionModule"]
 
@@ -63,7 +63,7 @@ class VisionDataModule(SplitDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
-        from ..data import images
+        from ...data import images
 
         cfg = self.cfg
         if cfg.name in VISION_IDX_DATASETS:
@@ -149,7 +149,7 @@ class VisionModule(ClassificationModule):
         seed: int,
     ) -> None:
         super().__init__(model, optim, ["val"], schedule, total_steps)
-        from ..data.augment import BatchAugment
+        from ...data.augment import BatchAugment
 
         mean = model.mean.flatten().tolist()
         std = model.std.flatten().tolist()
@@ -165,7 +165,7 @@ class VisionModule(ClassificationModule):
         return torch.Generator().manual_seed(int(key.generate_state(1, np.uint64)[0]) >> 1)
 
     def training_loss(self, batch: tuple[Tensor, ...], batch_idx: int) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
-        from ..data.augment import soft_target_cross_entropy
+        from ...data.augment import soft_target_cross_entropy
 
         images, y = batch
         x, targets = self.augment(images, y, self._generator(batch_idx))  # (B, C, S, S), (B, classes)

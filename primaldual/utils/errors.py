@@ -1,4 +1,4 @@
-"""The harness's error for a bad config (kept apart so that the task registry and the config module share it)."""
+"""The harness's error for a bad config (its own module, on the floor under the task registry and the config engine)."""
 
 from __future__ import annotations
 

@@ -39,11 +39,12 @@ from typing import Any
 import torch
 import yaml
 
-from ..options import check_int, check_number
-from ..utils.io import atomic_write_bytes, atomic_write_json, atomic_write_text
-from .config import ConfigError, RunConfig, apply_overrides
-from .rundir import run_config
-from .yaml_values import load_yaml
+from ...options import check_int, check_number
+from ...train.config import ConfigError, RunConfig, apply_overrides
+from ...train.rundir import run_config
+from ...train.validate import validate_config
+from ...train.yaml_values import load_yaml
+from ...utils.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 __all__ = [
     "CONVERT_ENTRIES",
@@ -94,7 +95,7 @@ class ConvertConfig:
     stage2: Stage2 = field(default_factory=Stage2)
 
     def validate(self) -> ConvertConfig:
-        from ..convert import INITS, STUDENTS
+        from ...convert import INITS, STUDENTS
 
         if self.student not in STUDENTS:
             raise ConfigError(f"student: expected one of {', '.join(STUDENTS)}, got {self.student!r}")
@@ -191,8 +192,8 @@ def load_convert_config(spec: str, overrides: list[tuple[str, Any]] = ()) -> Con
 # ------------------------------------------------------------------------------------------------------------------
 def load_teacher(teacher_dir: Path) -> tuple[RunConfig, Any, Any, dict[str, Any]]:
     """The teacher's config, data module, Lightning module (best weights loaded) and summary."""
-    from ..tasks.base import get_task
-    from .checkpoints import check_fits, load_checkpoint
+    from ...train.checkpoints import check_fits, load_checkpoint
+    from ..base import get_task
 
     tcfg = run_config(teacher_dir)
     if tcfg.model.resolved_kind(tcfg.task) != "lm":  # the CausalLM kind (task lm's)
@@ -213,8 +214,8 @@ def load_teacher(teacher_dir: Path) -> tuple[RunConfig, Any, Any, dict[str, Any]
 
 def student_config(tcfg: RunConfig, conv: ConvertConfig, name: str, seed: int, tokens_per_update: int) -> RunConfig:
     """The converted run's config: the teacher's, with the student layers, the stage-2 optimiser and budget."""
-    from ..convert import student_plan
-    from ..integrations.torch_nn import resolve_layer_indices
+    from ...convert import student_plan
+    from ...integrations.torch_nn import resolve_layer_indices
 
     chosen = resolve_layer_indices(conv.layers, tcfg.model.depth)
     base = tcfg.model.attention if isinstance(tcfg.model.attention, str) else None
@@ -235,7 +236,7 @@ def student_config(tcfg: RunConfig, conv: ConvertConfig, name: str, seed: int, t
         "trainer.val_check_interval": max(1, steps // 2),
     }
     args = [a for k, v in sets.items() for a in (f"--{k}", json.dumps(v))]  # JSON values are YAML
-    return apply_overrides(tcfg, args).validate()
+    return validate_config(apply_overrides(tcfg, args))
 
 
 def train_batches(dm: Any, batch_size: int, seed: int):
@@ -254,7 +255,7 @@ def _stage1(
     conv: ConvertConfig, teacher: Any, model: Any, dm: Any, cfg: RunConfig, run_dir: Path, verbose: bool
 ) -> None:
     """Swap, initialise and run stage 1, then load the result into ``model`` and write ``convert/``."""
-    from ..convert import attention_transfer, initialise_students, swap_attention
+    from ...convert import attention_transfer, initialise_students, swap_attention
 
     out = run_dir / "convert"
     saved = out / "stage1.pt"
@@ -318,8 +319,8 @@ def convert_run(
         seed: the conversion's seed (initialisation, stage-1 batches, stage-2 shuffling and dropout).
         run_dir: default ``runs/lm/<dataset>/<teacher name>-<config name>-...``. fresh: start over there.
     """
-    from .run import fit
-    from .rundir import check_run_dir, default_run_dir
+    from ...train.run import fit
+    from ...train.rundir import check_run_dir, default_run_dir
 
     teacher_dir = Path(teacher_dir)
     conv = load_convert_config(config, overrides)

@@ -1,6 +1,6 @@
 """Task ``uea``: multivariate time-series classification on the UEA archive (epoch-based; heldout or paper protocol).
 
-Data: :class:`~primaldual.train.datamodule.UEADataModule` (``.ts`` files by exact name, JapaneseVowels fetched and
+Data: :class:`~primaldual.tasks.uea.data.UEADataModule` (``.ts`` files by exact name, JapaneseVowels fetched and
 verified on first use). Model: :class:`~primaldual.models.TimeSeriesClassifier` (post-LN, flatten head).
 """
 
@@ -10,15 +10,16 @@ from typing import Any
 
 from torch import nn
 
-from ..train.config import RunConfig
-from ..train.validate import path_part
-from .base import Task, register_task
+from ...train.config import RunConfig
+from ...train.validate import path_part
+from ..base import register_task
+from ..classification import ClassificationTask
 
 __all__ = ["UEATask"]
 
 
 @register_task("uea")
-class UEATask(Task):
+class UEATask(ClassificationTask):
     model_kinds = ("timeseries",)
     step_based = False
     protocols = ("heldout", "paper")
@@ -27,11 +28,11 @@ class UEATask(Task):
         path_part("data.name", cfg.data.name)
 
     def datamodule(self, cfg: RunConfig) -> Any:
-        from ..train.datamodule import UEADataModule
+        from .data import UEADataModule
 
         return UEADataModule(cfg.data, cfg.protocol, cfg.seed)
 
     def model(self, cfg: RunConfig, dm: Any) -> nn.Module:
-        from ..models import TimeSeriesClassifier
+        from ...models import TimeSeriesClassifier
 
         return TimeSeriesClassifier(dm.num_channels, dm.num_classes, dm.max_len, **cfg.model.backbone_kwargs())

@@ -1,6 +1,6 @@
 """Task ``vision``: ViT / DeiT image classification (step-based, heldout protocol, the ``augment`` section).
 
-Data and the DeiT-recipe Lightning module: :mod:`primaldual.train.vision`. Model:
+Data and the DeiT-recipe Lightning module: :mod:`primaldual.tasks.vision.training`. Model:
 :class:`~primaldual.models.VisionClassifier` (pre-LN, CLS token, patches or a convolutional stem).
 """
 
@@ -10,18 +10,17 @@ from typing import Any
 
 from torch import nn
 
-from ..train.config import ConfigError, RunConfig
-from ..train.validate import path_part
-from .base import Task, register_task
+from ...train.config import ConfigError, RunConfig
+from ...train.validate import path_part
+from ..base import register_task
+from ..classification import ClassificationTask
+from . import VISION_IDX_DATASETS
 
-__all__ = ["VISION_IDX_DATASETS", "VisionTask"]
-
-# data.name values read from idx files; every other name is an image-folder tree under data.root
-VISION_IDX_DATASETS: tuple[str, ...] = ("fashion_mnist", "mnist")
+__all__ = ["VisionTask"]
 
 
 @register_task("vision")
-class VisionTask(Task):
+class VisionTask(ClassificationTask):
     model_kinds = ("vit",)
     sections = ("augment",)
     majority_baseline = True
@@ -48,13 +47,13 @@ class VisionTask(Task):
             raise ConfigError(f"augment: {e}") from None
 
     def datamodule(self, cfg: RunConfig) -> Any:
-        from ..train.vision import VisionDataModule
+        from .training import VisionDataModule
 
         return VisionDataModule(cfg.data, cfg.seed)
 
     def model(self, cfg: RunConfig, dm: Any) -> nn.Module:
-        from ..models import VisionClassifier
-        from ..train.lra_data import from_data
+        from ...models import VisionClassifier
+        from ..classification import from_data
 
         m = cfg.model
         classes = from_data(m.num_classes, dm.num_classes, "model.num_classes")
@@ -74,7 +73,7 @@ class VisionTask(Task):
         )
 
     def module(self, cfg: RunConfig, dm: Any) -> Any:
-        from ..train.vision import VisionModule
+        from .training import VisionModule
 
         total = cfg.trainer.max_steps if cfg.step_based else None
         return VisionModule(

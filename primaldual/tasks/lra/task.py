@@ -21,7 +21,7 @@ Missing data is a :class:`~primaldual.data.cache.MissingDataError` that says how
 names one (``data.stand_in``), which obtainable stand-in to run instead: nothing is substituted silently. Splits
 are fixed (seed 0) whatever the run seed; datasets without a validation split (IMDb, image folders) get a
 stratified one carved from train (``data.val_fraction``). Loading and batching:
-:class:`~primaldual.train.lra_data.LRADataModule`. Models: :class:`~primaldual.models.SequenceClassifier`, or
+:class:`~primaldual.tasks.lra.data.LRADataModule`. Models: :class:`~primaldual.models.SequenceClassifier`, or
 :class:`~primaldual.models.RetrievalClassifier` (two towers) for retrieval.
 """
 
@@ -33,10 +33,11 @@ from typing import Any
 from torch import nn
 from torch.utils.data import Dataset
 
-from ..data.cache import dataset_dir
-from ..train.config import ConfigError, DataConfig, RunConfig
-from ..train.validate import path_part
-from .base import Task, register_task
+from ...data.cache import dataset_dir
+from ...train.config import ConfigError, DataConfig, RunConfig
+from ...train.validate import path_part
+from ..base import register_task
+from ..classification import ClassificationTask
 
 __all__ = ["LRA_DATASETS", "LRATask", "build_lra_splits"]
 
@@ -53,7 +54,7 @@ _SPLITS = ("train", "val", "test")
 
 def _need_root(cfg: DataConfig, what: str) -> str:
     if cfg.root is None:
-        from ..data.cache import MissingDataError
+        from ...data.cache import MissingDataError
 
         raise MissingDataError(
             f"data.name {cfg.name!r}: {what} cannot be downloaded by primaldual; set data.root to it"
@@ -61,7 +62,7 @@ def _need_root(cfg: DataConfig, what: str) -> str:
     return cfg.root
 
 
-class LRATask(Task):
+class LRATask(ClassificationTask):
     """What the five LRA tasks share; each subclass reads its own data (:meth:`splits`)."""
 
     model_kinds: tuple[str, ...] = ("sequence", "retrieval")
@@ -90,13 +91,13 @@ class LRATask(Task):
         raise NotImplementedError
 
     def datamodule(self, cfg: RunConfig) -> Any:
-        from ..train.lra_data import LRADataModule
+        from .data import LRADataModule
 
         return LRADataModule(cfg.data, self.splits, cfg.seed)
 
     def model(self, cfg: RunConfig, dm: Any) -> nn.Module:
-        from ..models import RetrievalClassifier, SequenceClassifier
-        from ..train.lra_data import from_data
+        from ...models import RetrievalClassifier, SequenceClassifier
+        from ..classification import from_data
 
         m = cfg.model
         classes = from_data(m.num_classes, dm.num_classes, "model.num_classes")
@@ -110,10 +111,10 @@ class LRATask(Task):
 
 
 def build_lra_splits(cfg: DataConfig, task: str) -> dict[str, Dataset]:
-    """The splits of an LRA task (:class:`~primaldual.train.lra_data.LRADataModule` adds ``data.val_size`` and the
+    """The splits of an LRA task (:class:`~primaldual.tasks.lra.data.LRADataModule` adds ``data.val_size`` and the
     stand-in hint)."""
-    from ..train.lra_data import finish_splits
-    from .base import get_task
+    from ..base import get_task
+    from .data import finish_splits
 
     t = get_task(task)
     if not isinstance(t, LRATask):
@@ -127,7 +128,7 @@ class ListOpsTask(LRATask):
     keys = (*LRATask.keys, ("data", "tokenisation"))
 
     def splits(self, cfg: DataConfig) -> dict[str, Dataset]:
-        from ..data.listops import ListOpsDataset
+        from ...data.listops import ListOpsDataset
 
         kw = {"tokenisation": cfg.tokenisation, "max_len": cfg.max_len or 2048}
         return {s: ListOpsDataset(cfg.root, s, **kw) for s in _SPLITS}
@@ -136,9 +137,9 @@ class ListOpsTask(LRATask):
 @register_task("lra_text")
 class TextTask(LRATask):
     def splits(self, cfg: DataConfig) -> dict[str, Dataset]:
-        from ..data import text
-        from ..recipes import text_standins as standins
-        from ..train.lra_data import carve
+        from ...data import text
+        from ...recipes import text_standins as standins
+        from ..classification import carve
 
         if cfg.name == "imdb":
             r = _need_root(cfg, "IMDb (aclImdb/ or train.tsv + test.tsv, label<TAB>text)")
@@ -162,8 +163,8 @@ class RetrievalTask(LRATask):
     keys = (*LRATask.keys, ("data", "train_pairs"), ("data", "eval_pairs"))
 
     def splits(self, cfg: DataConfig) -> dict[str, Dataset]:
-        from ..data import text
-        from ..recipes import text_standins as standins
+        from ...data import text
+        from ...recipes import text_standins as standins
 
         max_len = cfg.max_len or 4096
         if cfg.name == "aan":
@@ -184,8 +185,8 @@ class RetrievalTask(LRATask):
 @register_task("lra_image")
 class ImageTask(LRATask):
     def splits(self, cfg: DataConfig) -> dict[str, Dataset]:
-        from ..data import images
-        from ..train.lra_data import carve
+        from ...data import images
+        from ..classification import carve
 
         if cfg.name in ("fashion_mnist", "mnist"):
             return {s: images.FashionMNIST1024(s, dataset=cfg.name, root=cfg.root) for s in _SPLITS}
@@ -199,7 +200,7 @@ class PathfinderTask(LRATask):
     prefix = "pathfinder"
 
     def splits(self, cfg: DataConfig) -> dict[str, Dataset]:
-        from ..data.pathfinder import PathfinderDataset
+        from ...data.pathfinder import PathfinderDataset
 
         r = cfg.root if cfg.root is not None else dataset_dir(cfg.name)
         return {s: PathfinderDataset(r, s) for s in _SPLITS}

@@ -1,6 +1,6 @@
 """Task ``lm``: causal language modelling (step-based; the lowest validation loss selects the checkpoint).
 
-Data, Lightning module, results and generation: :mod:`primaldual.train.lm`. Models: ``model.kind: lm``,
+Data, Lightning module, results and generation: :mod:`primaldual.tasks.lm.training`. Models: ``model.kind: lm``,
 :class:`~primaldual.models.CausalLM` (pre-LN, every attention layer causal); ``hf_gpt2``, Hugging Face's
 ``GPT2LMHeadModel`` at the same sizes (:class:`~primaldual.integrations.hf.peers.HFGPT2LM`, the ``hf`` extra), a
 peer to compare with.
@@ -13,10 +13,10 @@ from typing import Any
 
 from torch import nn
 
-from ..train.config import ConfigError, RunConfig
-from ..train.protocols import LM_HELDOUT, Protocol
-from ..train.validate import peer_attention
-from .base import Task, data_info, register_task
+from ...train.config import ConfigError, RunConfig
+from ...train.validate import peer_attention
+from ..base import Task, data_info, register_task
+from ..protocols import LM_HELDOUT, Protocol
 
 __all__ = ["LM_DATASETS", "LanguageModelTask"]
 
@@ -63,17 +63,17 @@ class LanguageModelTask(Task):
         return LM_HELDOUT
 
     def datamodule(self, cfg: RunConfig) -> Any:
-        from ..train.lm import LMDataModule
+        from .training import LMDataModule
 
         return LMDataModule(cfg.data, cfg.seed)
 
     def model(self, cfg: RunConfig, dm: Any) -> nn.Module:
-        from ..train.lm import build_lm
+        from .training import build_lm
 
         return build_lm(cfg, dm.vocab_size)
 
     def module(self, cfg: RunConfig, dm: Any) -> Any:
-        from ..train.lm import LanguageModelModule
+        from .training import LanguageModelModule
 
         total = cfg.trainer.max_steps if cfg.step_based else None
         return LanguageModelModule(
@@ -86,12 +86,12 @@ class LanguageModelTask(Task):
     def results(
         self, cfg: RunConfig, dm: Any, module: Any, protocol: Protocol, best: dict[str, Any], test: dict | None
     ) -> dict[str, Any]:
-        from ..train.lm import lm_results
+        from .training import lm_results
 
         exact = getattr(module, "results", {}).get("test")  # summed in float64, not the logged mean
         return {"data": data_info(dm), **lm_results(dm, exact if exact is not None else test, best)}
 
     def report(self, cfg: RunConfig, summary: dict[str, Any], protocol: Protocol) -> str:
-        from ..train.lm import lm_report
+        from .training import lm_report
 
         return lm_report(cfg, summary, protocol.label)

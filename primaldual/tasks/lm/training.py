@@ -15,7 +15,7 @@
 * **Evaluation**: the summed negative log-likelihood over every target token of the split divided by their count
   (accumulated over batches in float64, not a mean of per-batch means); perplexity ``exp`` of it; bits per byte
   from the split's UTF-8 size (:func:`~primaldual.data.lm.bits_per_byte`), when the whole split was evaluated.
-  The lowest validation loss selects the checkpoint (:data:`~primaldual.train.protocols.LM_HELDOUT`), which is
+  The lowest validation loss selects the checkpoint (:data:`~primaldual.tasks.protocols.LM_HELDOUT`), which is
   tested once. :func:`lm_results` adds the add-one unigram perplexity of the test targets
   (:func:`~primaldual.data.lm.unigram_baseline`), the floor a model must beat, and test ppl / unigram ppl.
 * **Generation** (:func:`generate_text`, ``primaldual generate RUN_DIR --prompt TEXT``): the model rebuilt from the
@@ -36,14 +36,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import Subset
 
-from ..aux_loss import collect_aux_loss, collect_aux_loss_parts
-from ..data.cache import MissingDataError, dataset_dir
-from ..data.lm import IGNORE_INDEX, bits_per_byte, chunk_splits, unigram_baseline
-from ..options import check_int, check_number
-from ..utils.io import atomic_write_bytes
-from .config import ConfigError, OptimConfig, RunConfig, ScheduleConfig
-from .datamodule import SplitDataModule
-from .module import ClassificationModule, log_ksvd
+from ...aux_loss import collect_aux_loss, collect_aux_loss_parts
+from ...data.cache import MissingDataError, dataset_dir
+from ...data.lm import IGNORE_INDEX, bits_per_byte, chunk_splits, unigram_baseline
+from ...options import check_int, check_number
+from ...train.config import ConfigError, OptimConfig, RunConfig, ScheduleConfig
+from ...train.datamodule import SplitDataModule
+from ...train.module import ClassificationModule, log_ksvd
+from ...utils.io import atomic_write_bytes
 
 __all__ = [
     "LMDataModule",
@@ -64,7 +64,7 @@ TOKENIZER_FILE, DICTIONARY_FILE = "tokenizer.json", "dict.txt"  # the run direct
 class LMDataModule(SplitDataModule):
     """Token chunks of one corpus: ``datasets`` ``{"train", "val", "test"}``, ``vocab_size``, ``max_len`` (tokens
     per sample), ``streams`` (each split's token ids), ``split_bytes`` (UTF-8 size of each split's text) and
-    ``info``. Shuffling as :class:`~primaldual.train.datamodule.UEADataModule` (seeded, resumable mid-epoch).
+    ``info``. Shuffling as :class:`~primaldual.tasks.uea.data.UEADataModule` (seeded, resumable mid-epoch).
 
     Args:
         cfg: data settings (``name``, ``root``, ``max_len``, batch sizes, ``val_size``). seed: shuffle seed.
@@ -80,7 +80,7 @@ class LMDataModule(SplitDataModule):
         if T is None:
             raise ConfigError("data.max_len: task 'lm' needs the tokens per sample (e.g. 512)")
         if cfg.name == "english":
-            from ..data.lm import load_english_lm, load_english_metadata
+            from ...data.lm import load_english_lm, load_english_metadata
 
             root = Path(cfg.root) if cfg.root is not None else dataset_dir("english")
             chunks = load_english_lm(root, T)  # a missing corpus: MissingDataError naming `data fetch english`
@@ -96,7 +96,7 @@ class LMDataModule(SplitDataModule):
                 "tokenizer_sha256": meta["tokenizer"].get("sha256", ""),
             }
         else:
-            from ..data.wikitext import find_wikitext_files, load_wikitext
+            from ...data.wikitext import find_wikitext_files, load_wikitext
 
             root = Path(cfg.root) if cfg.root is not None else dataset_dir(cfg.name)
             try:
@@ -148,7 +148,7 @@ def build_lm(cfg: RunConfig, vocab_size: int) -> nn.Module:
     """The language model of ``cfg.model`` with ``data.max_len`` positions: :class:`~primaldual.models.CausalLM`
     (``model.kind: lm``) or Hugging Face's GPT-2 (``hf_gpt2``, :class:`~primaldual.integrations.hf.peers.HFGPT2LM`);
     ``vocab_size`` from the data (``model.vocab_size``, when set, must be at least that)."""
-    from ..models import CausalLM
+    from ...models import CausalLM
 
     m = cfg.model
     vocab = m.vocab_size if m.vocab_size is not None else vocab_size
@@ -156,7 +156,7 @@ def build_lm(cfg: RunConfig, vocab_size: int) -> nn.Module:
         raise ConfigError(f"model.vocab_size: {vocab} is smaller than the data's vocabulary ({vocab_size})")
     if m.resolved_kind(cfg.task) == "hf_gpt2":
         try:
-            from ..integrations.hf.peers import HFGPT2LM
+            from ...integrations.hf.peers import HFGPT2LM
         except ImportError as e:
             raise ConfigError(f"model.kind: 'hf_gpt2' needs the hf extra ({e})") from None
         return HFGPT2LM(
@@ -386,7 +386,7 @@ class RunTokenizer:
             self._tok = Tokenizer.from_file(str(path))
             self.vocab_size = int(self._tok.get_vocab_size())
         else:
-            from ..data.wikitext import WordDictionary
+            from ...data.wikitext import WordDictionary
 
             path = run_dir / DICTIONARY_FILE
             if not path.is_file():
@@ -419,8 +419,8 @@ def load_run_lm(
     Raises:
         FileNotFoundError: no such run directory, config or checkpoint. ValueError: not a ``model.kind: lm`` run.
     """
-    from .checkpoints import check_fits, load_checkpoint
-    from .rundir import run_config
+    from ...train.checkpoints import check_fits, load_checkpoint
+    from ...train.rundir import run_config
 
     run_dir = Path(run_dir)
     cfg = run_config(run_dir)  # FileNotFoundError for a directory that is not a run

@@ -1,0 +1,125 @@
+"""The language-model task's own subcommands: ``generate`` (continue a prompt), ``export`` (a Hugging Face model
+directory) and ``convert`` (a trained softmax run to primal attention). The task package owns them, so the runner's
+CLI (:mod:`primaldual.train.cli`) knows no task."""
+
+from __future__ import annotations
+
+import argparse
+
+from ...utils.cli import FORMATTER, examples
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from ...train.run import set_threads
+    from .training import generate_text
+
+    set_threads(args.threads)
+    text = generate_text(
+        args.run_dir,
+        args.prompt,
+        args.max_new_tokens,
+        ckpt=args.ckpt,
+        seed=args.seed,
+        temperature=args.temperature,
+        top_k=args.top_k,
+    )
+    print(text)
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from ...utils.errors import ConfigError
+
+    if not str(args.out).strip():
+        raise ValueError("--out: empty; give the directory to write")
+    try:
+        from ...integrations.hf.export import export_hf
+    except ImportError as e:
+        raise ConfigError(f"--format hf: needs the hf extra (pip install 'primaldual[hf]'): {e}") from None
+    out = export_hf(args.run_dir, args.out, ckpt=args.ckpt, force=args.force)
+    print(f"wrote {out} (AutoModelForCausalLM.from_pretrained({str(out)!r}) after `import primaldual`)")
+    return 0
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from ...train.config import parse_overrides
+    from ...train.run import set_threads
+    from .convert import convert_run
+
+    set_threads(args.threads)
+    pairs = parse_overrides(args.overrides)  # --stage1.tokens 0 / --options.s=16: values are YAML
+    convert_run(args.teacher, args.config, overrides=pairs, seed=args.seed, run_dir=args.run_dir, fresh=args.fresh)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the language-model subcommands to the ``primaldual`` parser."""
+    p = subparsers.add_parser(
+        "generate",
+        help="continue a text with the language model of a run (task lm)",
+        formatter_class=FORMATTER,
+        allow_abbrev=False,
+        epilog=examples(
+            'primaldual generate runs/lm/english/transformer_reduced-heldout-seed0-* --prompt "The kernel" '
+            "--max-new-tokens 40",
+            'primaldual generate RUN_DIR --prompt "It is a truth universally acknowledged" --max-new-tokens 60 '
+            "--temperature 0.8 --top-k 40 --seed 1",
+            'primaldual generate RUN_DIR --prompt "And God said" --max-new-tokens 30 --temperature 0 --ckpt last',
+            note="The model comes from the run's config.yaml, the checkpoint is read in the safe mode, the prompt is "
+            "encoded with the run's tokenizer (tokenizer.json, or dict.txt for WikiText); the prompt and its "
+            "continuation are printed. Prompt tokens + --max-new-tokens must fit the model's positions "
+            "(data.max_len).",
+        ),
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `primaldual fit` (task lm)")
+    p.add_argument("--prompt", required=True, help="the text to continue")
+    p.add_argument("--max-new-tokens", type=int, default=50, help="tokens to generate (default 50)")
+    p.add_argument("--ckpt", default="best", help="best, last, or a checkpoint path (default best)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0 is greedy (default 1.0)")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens (default all)")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.set_defaults(func=_cmd_generate)
+    p = subparsers.add_parser(
+        "export",
+        help="write the language model of a run as a Hugging Face model directory (task lm)",
+        formatter_class=FORMATTER,
+        allow_abbrev=False,
+        epilog=examples(
+            "primaldual export runs/lm/english/transformer_reduced-heldout-seed0-* --format hf --out exported/lm",
+            "primaldual export RUN_DIR --format hf --out exported/lm --ckpt last --force",
+            note="The directory loads with transformers.AutoModelForCausalLM.from_pretrained after `import "
+            "primaldual` (needs the hf extra); a byte-level BPE run's tokenizer with AutoTokenizer. HF generate "
+            "decodes through the model's own state (constant-size for primal layers). --force replaces only an "
+            "earlier export.",
+        ),
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `primaldual fit` (task lm)")
+    p.add_argument("--format", required=True, choices=("hf",), help="hf: a transformers model directory")
+    p.add_argument("--out", required=True, help="the directory to write (new, empty, or an earlier export)")
+    p.add_argument("--ckpt", default="best", help="best, last, or a checkpoint path (default best)")
+    p.add_argument("--force", action="store_true", help="replace an earlier export at --out")
+    p.set_defaults(func=_cmd_export)
+    p = subparsers.add_parser(
+        "convert",
+        help="convert a trained softmax LM run to primal attention (attention transfer, then LM training)",
+        formatter_class=FORMATTER,
+        allow_abbrev=False,
+        epilog=examples(
+            "primaldual convert runs/lm/english/transformer_medium-heldout-seed0-* --config lm/english/convert/primal_plus",
+            "primaldual convert TEACHER_RUN -c lm/english/convert/hybrid --seed 1 --run-dir runs/hybrid_s1",
+            "primaldual convert TEACHER_RUN -c lm/english/convert/primal_plus --stage1.tokens 0 --init random  "
+            "# swap and finetune",
+            note="The conversion config (student, layers, options, init, stage1 / stage2 budgets in tokens) is a "
+            "shipped name lm/<corpus>/convert/<name> or a YAML path; --key value overrides it. The run directory "
+            "is an ordinary run's (resume, generate, test) plus convert.yaml and convert/ (stage 1). See "
+            "docs/conversion.md.",
+        ),
+    )
+    p.add_argument("teacher", metavar="TEACHER_RUN", help="a finished `primaldual fit` run of a softmax CausalLM")
+    p.add_argument("--config", "-c", default="lm/english/convert/primal_plus", help="conversion config name or path")
+    p.add_argument("--seed", type=int, default=0, help="the conversion's seed (default 0)")
+    p.add_argument("--run-dir", default=None, help="run directory (default runs/lm/<dataset>/<name>-...)")
+    p.add_argument("--fresh", action="store_true", help="start the conversion over in its run directory")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.set_defaults(func=_cmd_convert, accepts_overrides=True)
