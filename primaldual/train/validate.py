@@ -139,6 +139,7 @@ def _validate_config(cfg: RunConfig) -> None:
         raise ConfigError(f"protocol: task {cfg.task!r} takes {task.protocols}, got {cfg.protocol!r}")
     path_part("name", cfg.name)
     check_int("seed", cfg.seed, low=0, high=_SEED_MAX)
+    _validate_exclusive(cfg)  # a key the task does not read is refused as such, before its value is checked
 
     d = cfg.data
     optional_str("data.root", d.root)
@@ -193,7 +194,6 @@ def _validate_config(cfg: RunConfig) -> None:
     check_number("model.ffn_drop", m.ffn_drop, low=0, high=1, high_open=True, allow_none=True)
     check_choice("model.init", m.init, INITS)
     _validate_attention(m, causal=task.causal)
-    _validate_exclusive(cfg)
 
     o = cfg.optim
     if o.name not in OPTIMIZERS:

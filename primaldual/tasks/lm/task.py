@@ -16,6 +16,7 @@ from torch import nn
 from ...train.config import ConfigError, RunConfig
 from ...train.validate import peer_attention
 from ..base import Task, data_info, register_task
+from ..classification import LOADER_KEYS
 from ..protocols import LM_HELDOUT, Protocol
 
 __all__ = ["LM_DATASETS", "LanguageModelTask"]
@@ -29,7 +30,15 @@ class LanguageModelTask(Task):
     model_kinds = ("lm", "hf_gpt2")
     causal = True
     metrics = ("loss", "ppl")
-    keys = (("data", "val_size"), ("model", "positions"), ("model", "tie_embeddings"), ("model", "init"))
+    keys = (
+        ("data", "val_size"),
+        ("model", "positions"),
+        ("model", "tie_embeddings"),
+        ("model", "init"),
+        ("model", "vocab_size"),
+        ("model", "norm_first"),
+        *LOADER_KEYS,
+    )
 
     def check(self, cfg: RunConfig) -> None:
         d, m = cfg.data, cfg.model

@@ -37,7 +37,7 @@ from ...data.cache import dataset_dir
 from ...train.config import ConfigError, DataConfig, RunConfig
 from ...train.validate import path_part
 from ..base import register_task
-from ..classification import ClassificationTask
+from ..classification import LOADER_KEYS, ClassificationTask
 
 __all__ = ["LRA_DATASETS", "LRATask", "build_lra_splits"]
 
@@ -73,6 +73,10 @@ class LRATask(ClassificationTask):
         ("data", "val_size"),
         ("model", "pooling"),
         ("model", "positions"),
+        ("model", "vocab_size"),
+        ("model", "norm_first"),
+        ("model", "num_classes"),
+        *LOADER_KEYS,
     )
     prefix: str | None = None  # data names starting with this are accepted too
 
@@ -136,6 +140,8 @@ class ListOpsTask(LRATask):
 
 @register_task("lra_text")
 class TextTask(LRATask):
+    keys = (*LRATask.keys, ("data", "val_fraction"), ("data", "fetch"))
+
     def splits(self, cfg: DataConfig) -> dict[str, Dataset]:
         from ...data import text
         from ...recipes import text_standins as standins
@@ -160,7 +166,7 @@ class TextTask(LRATask):
 @register_task("lra_retrieval")
 class RetrievalTask(LRATask):
     model_kinds = ("retrieval", "sequence")
-    keys = (*LRATask.keys, ("data", "train_pairs"), ("data", "eval_pairs"))
+    keys = (*LRATask.keys, ("data", "train_pairs"), ("data", "eval_pairs"), ("data", "fetch"))
 
     def splits(self, cfg: DataConfig) -> dict[str, Dataset]:
         from ...data import text
@@ -184,6 +190,8 @@ class RetrievalTask(LRATask):
 
 @register_task("lra_image")
 class ImageTask(LRATask):
+    keys = (*LRATask.keys, ("data", "val_fraction"))
+
     def splits(self, cfg: DataConfig) -> dict[str, Dataset]:
         from ...data import images
         from ..classification import carve
