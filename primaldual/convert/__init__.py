@@ -6,7 +6,8 @@ the copy on the LM loss (``primaldual convert`` runs both, with a run directory,
 
 * :mod:`.students`: the students (``primal``, ``hybrid``, ``window``) and :func:`swap_attention`;
 * :mod:`.init`: the KSVD and least-squares initialisation from the teacher (:func:`init_from_teacher`);
-* :mod:`.transfer`: the teacher-forced stage 1 (:func:`attention_transfer`).
+* :mod:`.transfer`: the teacher-forced stage 1 (:func:`attention_transfer`);
+* :mod:`.lora`: low-rank adapters for stage 2 (:func:`add_lora`, :func:`merge_lora`).
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from typing import Any
 from torch import Tensor, nn
 
 from .init import init_from_teacher, ksvd_init, least_squares_map
+from .lora import add_lora, merge_lora
 from .students import STUDENTS, find_blocks, new_parameters, student_plan, swap_attention
 from .transfer import TransferState, attention_transfer, layer_losses, teacher_attention_io
 
 __all__ = [
     "STUDENTS",
     "TransferState",
+    "add_lora",
     "attention_transfer",
     "convert",
     "find_blocks",
@@ -31,6 +34,7 @@ __all__ = [
     "ksvd_init",
     "layer_losses",
     "least_squares_map",
+    "merge_lora",
     "new_parameters",
     "student_plan",
     "swap_attention",
