@@ -141,3 +141,48 @@ def test_every_task_is_a_package_with_its_task_module():
     for t in TASKS:
         assert (PACKAGE / "tasks" / t / "task.py").is_file(), t
     assert not [p.name for p in (PACKAGE / "train").glob("*.py") if p.stem in {"lm", "vision", "lra_data", "convert"}]
+
+
+# docs/architecture.md's floors, bottom first: a module imports only from its own floor or the ones below. The
+# package root re-exports the layers and models (the floor of integrations); modules named ``cli`` (the subcommands)
+# sit on top.
+FLOORS: list[tuple[str, ...]] = [
+    ("options", "checks", "utils", "_version"),
+    ("functional", "theory", "dropout", "kernels", "naive"),
+    ("attention", "aux_loss"),
+    ("encoder",),
+    ("models",),
+    ("integrations", "convert", ""),
+    ("data", "rl"),
+    ("recipes",),
+    ("tasks.contract",),
+    ("train",),
+    ("tasks",),
+    ("analysis", "bench"),
+]
+
+
+def _floor(module: str) -> int | None:
+    """The floor of a primaldual module; None for the ``cli`` modules (the top)."""
+    parts = module.split(".")[1:]
+    if parts and parts[-1] == "cli":
+        return None
+    name = parts[0] if parts else ""
+    if name == "tasks" and (len(parts) == 1 or parts[1] in ("base", "protocols")):
+        name = "tasks.contract"  # the registry package, its contract and protocols
+    for i, floor in enumerate(FLOORS):
+        if name in floor:
+            return i
+    raise AssertionError(f"{module}: on no floor of docs/architecture.md; add its folder to FLOORS")
+
+
+def test_every_import_goes_to_the_same_floor_or_below():
+    g = graph()
+    upward = [
+        f"{mod} -> {dep}"
+        for mod, deps in g.items()
+        if (here := _floor(mod)) is not None
+        for dep in deps
+        if (there := _floor(dep)) is None or there > here
+    ]
+    assert not upward, "imports that go up a floor:\n" + "\n".join(sorted(upward))

@@ -2,7 +2,8 @@
 
 A source is a name, a one-line description, a ``fetch`` function and a ``status`` function (what ``data list``
 shows). The built-in ones (UEA JapaneseVowels, the image idx files, the text stand-ins, the English LM corpus, the
-SmolLM2 teacher) register here, each importing its module only when used. Other packages add theirs without editing
+SmolLM2 teacher) are listed in :mod:`primaldual.recipes.sources`, loaded by name on first use (the registry imports
+none of them), each importing its module only when used. Other packages add theirs without editing
 primaldual, as tasks are added:
 
 * in code: ``register_source(DataSource("mydata", "what it is", fetch=..., status=...))``;
@@ -104,7 +105,7 @@ def _load_plugin(name: str) -> None:
 def _builtins() -> None:
     if "english" not in _REGISTRY:
         # by name, as a plugin's entry point: the registry imports none of the sources it lists
-        builtin = importlib.import_module(f"{__package__}.builtin_sources")  # registers on import
+        builtin = importlib.import_module("primaldual.recipes.sources")  # registers on import
         if "english" not in _REGISTRY:  # unregistered by a test: register again
             builtin.register_all()
 

@@ -32,7 +32,7 @@ from .compat import (
     resolve_cache_keyword,
 )
 from .convert import CONVERSIONS_KEY, convert, converted_layers, from_pretrained
-from .export import PrimalDualForCausalLM, PrimalDualLMCache, PrimalDualLMConfig, export_hf, register_auto_classes
+from .export import PrimalDualForCausalLM, PrimalDualLMCache, PrimalDualLMConfig, register_auto_classes, save_hf
 from .kernels import HF_KERNELS, register_hf_attentions
 from .masks import key_mask_from_hf
 from .modules import HFSelfAttention, primal_prefill_state
@@ -58,11 +58,11 @@ __all__ = [
     "add_aux_loss",
     "convert",
     "converted_layers",
-    "export_hf",
     "from_pretrained",
     "key_mask_from_hf",
     "primal_prefill_state",
     "register_auto_classes",
+    "save_hf",
     "register_hf_attentions",
     "resolve_cache_keyword",
 ]

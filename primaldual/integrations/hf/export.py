@@ -8,8 +8,9 @@ this package is imported (and by ``import primaldual`` once transformers is impo
 incremental path: the first forward is :meth:`CausalLM.prefill`, each later one :meth:`CausalLM.step`, with the
 decoding state in a :class:`PrimalDualLMCache` (constant-size for primal and linear layers, a KV cache for softmax).
 
-:func:`export_hf` (``primaldual export RUN --format hf``) writes such a directory from a trained run: the weights,
-``config.json``, and for byte-level BPE runs the tokenizer as a ``PreTrainedTokenizerFast``. Written by hand: the
+:func:`save_hf` writes such a directory from a model: the weights, ``config.json`` and, given a ``tokenizers`` file,
+the tokenizer as a ``PreTrainedTokenizerFast`` (``primaldual export RUN --format hf`` calls it on a trained run,
+:func:`primaldual.tasks.lm.export.export_run`). Written by hand: the
 wrapper is the contract between our model and transformers' generation loop, which no library provides.
 """
 
@@ -36,12 +37,12 @@ __all__ = [
     "PrimalDualForCausalLM",
     "PrimalDualLMCache",
     "PrimalDualLMConfig",
-    "export_hf",
+    "save_hf",
     "register_auto_classes",
 ]
 
 MODEL_TYPE = "primaldual_lm"
-EXPORT_MARK = ".primaldual-export"  # what export_hf writes into its directory: only such a directory is replaced
+EXPORT_MARK = ".primaldual-export"  # what save_hf writes into its directory: only such a directory is replaced
 
 # the output field generation reads the cache from: ``cache`` (transformers >= 5.24) or ``past_key_values``
 _OUTPUT_CACHE = next(k for k in CACHE_KEYWORDS if k in CausalLMOutputWithPast.__dataclass_fields__)
@@ -274,41 +275,43 @@ def _check_out_dir(out: Path, force: bool) -> None:
             raise FileExistsError(f"--out: {out} holds an earlier export; pass --force to replace it")
 
 
-def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike, *, ckpt: str = "best", force: bool = False) -> Path:
-    """Write the language model of a run as a transformers model directory at ``out``.
+def save_hf(
+    lm: CausalLM,
+    out: str | os.PathLike,
+    model_kwargs: dict[str, Any],
+    *,
+    tokenizer_file: str | os.PathLike | None = None,
+    record: dict[str, Any] | None = None,
+    force: bool = False,
+) -> Path:
+    """Write ``lm`` as a transformers model directory at ``out``.
 
     The directory loads with ``AutoModelForCausalLM.from_pretrained(out)`` after ``import primaldual`` (with
-    transformers imported) or ``import primaldual.integrations.hf``; a byte-level BPE run's tokenizer loads with
-    ``AutoTokenizer.from_pretrained(out)``. It is built in a temporary sibling and renamed into place; an existing
-    ``out`` is replaced only when an earlier export wrote it (and ``force``).
+    transformers imported) or ``import primaldual.integrations.hf``; with ``tokenizer_file`` (a ``tokenizers`` JSON),
+    its tokenizer loads with ``AutoTokenizer.from_pretrained(out)``. It is built in a temporary sibling and renamed
+    into place; an existing ``out`` is replaced only when an earlier export wrote it (and ``force``).
+
+    Args:
+        lm: the model. model_kwargs: its constructor's keywords besides ``vocab_size`` / ``max_len`` (sizes, the
+            attention plan, ``positions``, ``tie_embeddings``), which ``config.json`` records.
+        record: what the export mark file records (e.g. the run and checkpoint it came from).
 
     Raises:
-        FileNotFoundError: not a run directory, or no such checkpoint. ValueError: not a ``model.kind: lm`` run.
         FileExistsError: ``out`` holds files of someone else's, or an earlier export without ``force``.
     """
-    from ...tasks.lm.training import load_run_lm
     from ...utils.io import atomic_dir
 
     out = Path(out)
     _check_out_dir(out, force)
-    lm, cfg, tok = load_run_lm(run_dir, ckpt, what="primaldual export writes")
-    m = cfg.model
-    config = PrimalDualLMConfig(
-        vocab_size=lm.vocab_size,
-        max_len=lm.max_len,
-        **m.backbone_kwargs(),
-        positions=m.positions,
-        tie_embeddings=m.tie_embeddings,
-    )
+    config = PrimalDualLMConfig(vocab_size=lm.vocab_size, max_len=lm.max_len, **model_kwargs)
     model = PrimalDualForCausalLM(config)
     model.model.load_state_dict(lm.state_dict())
     model.eval()
     with atomic_dir(out, overwrite=True) as tmp:
         model.save_pretrained(tmp)
-        if tok.kind == "bpe":
+        if tokenizer_file is not None:
             from transformers import PreTrainedTokenizerFast
 
-            PreTrainedTokenizerFast(tokenizer_file=str(tok.path)).save_pretrained(tmp)
-        record = {"run_dir": str(Path(run_dir).resolve()), "checkpoint": ckpt, "time": time.time()}
-        (tmp / EXPORT_MARK).write_text(json.dumps(record) + "\n")
+            PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file)).save_pretrained(tmp)
+        (tmp / EXPORT_MARK).write_text(json.dumps({**(record or {}), "time": time.time()}) + "\n")
     return out

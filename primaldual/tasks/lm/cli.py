@@ -33,10 +33,12 @@ def _cmd_export(args: argparse.Namespace) -> int:
     if not str(args.out).strip():
         raise ValueError("--out: empty; give the directory to write")
     try:
-        from ...integrations.hf.export import export_hf
+        import primaldual.integrations.hf.export  # noqa: F401  (transformers, the hf extra)
     except ImportError as e:
         raise ConfigError(f"--format hf: needs the hf extra (pip install 'primaldual[hf]'): {e}") from None
-    out = export_hf(args.run_dir, args.out, ckpt=args.ckpt, force=args.force)
+    from .export import export_run
+
+    out = export_run(args.run_dir, args.out, ckpt=args.ckpt, force=args.force)
     print(f"wrote {out} (AutoModelForCausalLM.from_pretrained({str(out)!r}) after `import primaldual`)")
     return 0
 

