@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     from primaldual.data.d4rl import TrajectoryDataset, read_d4rl
-    from primaldual.rl import train as T
+    from primaldual.tasks.offline_rl import fit as T
     from primaldual.train.compile import compile_model
     from primaldual.train.config import load_config
 

@@ -26,7 +26,7 @@ import torch
 def fit_mse(run: Path, windows: int, seed: int, batch: int = 512) -> dict[str, object]:
     """The evaluation-mode action MSE of ``run``'s last checkpoint on ``windows`` windows drawn with ``seed``."""
     from primaldual.data.d4rl import TrajectoryDataset
-    from primaldual.rl import train as T
+    from primaldual.tasks.offline_rl import fit as T
     from primaldual.train.config import load_config
 
     ckpt = run / "checkpoints" / "last.ckpt"

@@ -23,7 +23,7 @@ def test_dt_update_times_the_loop_before_and_now(hopper_dir, capsys):  # noqa: F
 
 def test_the_reproduced_old_loop_equals_todays(hopper_dir):  # noqa: F811
     from primaldual.data.d4rl import TrajectoryDataset, read_d4rl
-    from primaldual.rl import train as T
+    from primaldual.tasks.offline_rl import fit as T
     from primaldual.train.config import load_config
 
     bench = load_script("dt_update")

@@ -59,7 +59,7 @@ __all__ = [
 
 #: what a conversion adds to a run directory (primaldual's own entries there)
 CONVERT_ENTRIES = ("convert.yaml", "convert")
-_PACKAGE_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+_PACKAGE_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 @dataclass
