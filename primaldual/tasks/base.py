@@ -175,7 +175,14 @@ def get_task(name: str) -> Task:
     if isinstance(name, str) and name not in _REGISTRY and name in _BUILTIN:
         importlib.import_module(f"{__package__}.{_BUILTIN[name]}")
     if isinstance(name, str) and name not in _REGISTRY and name in (plugins := _plugins()):
-        plugins[name].load()
+        try:
+            plugins[name].load()
+        except Exception as err:  # noqa: BLE001 - any failure of someone else's module: named, for this task only
+            ep = plugins[name]
+            raise ConfigError(
+                f"task {name!r}: its plugin ({getattr(ep, 'value', type(ep).__name__)}) failed to load: "
+                f"{type(err).__name__}: {err}"
+            ) from None
     if not isinstance(name, str) or name not in _REGISTRY:
         raise ConfigError(f"task: expected one of {tuple(list_tasks())}, got {name!r}")
     return _REGISTRY[name]

@@ -20,11 +20,9 @@ from .protocols import Protocol
 if TYPE_CHECKING:
     from ..train.config import RunConfig
 
-__all__ = ["LOADER_KEYS", "SPLIT_SEED", "ClassificationTask", "carve", "from_data", "labels_of", "majority_baseline"]
+__all__ = ["SPLIT_SEED", "ClassificationTask", "carve", "from_data", "labels_of", "majority_baseline"]
 
 SPLIT_SEED = 0  # data splits do not depend on the run seed
-# the loader keys of the Lightning data modules (offline RL batches in its own loop and reads neither)
-LOADER_KEYS: tuple[tuple[str, str], ...] = (("data", "eval_batch_size"), ("data", "num_workers"))
 
 
 class ClassificationTask(Task):

@@ -168,5 +168,5 @@ def test_a_broken_plugin_fails_only_the_configs_that_name_its_task(monkeypatch, 
     monkeypatch.setattr(base, "_plugins", lambda: {"broken_task": Broken()})
     assert load_config("uea/default").task == "uea"
     assert load_config("uea/default", ["--trainer.max_epochs", "2"]).trainer.max_epochs == 2
-    with pytest.raises(ImportError, match="dependency is missing"):
+    with pytest.raises(ConfigError, match="task 'broken_task': its plugin .* failed to load: ImportError: .*missing"):
         get_task("broken_task")

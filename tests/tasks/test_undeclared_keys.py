@@ -71,3 +71,10 @@ def test_a_key_the_task_does_not_declare_exits_2(task, section, key, capsys):
 def test_a_section_the_task_does_not_declare_exits_2(capsys):
     assert main(["fit", "--config", "uea/default", "--rl.target_returns", "[1.0]", "--print-config"]) == 2
     assert "rl" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("key", ["eval_batch_size", "num_workers"])
+def test_offline_rl_refuses_the_loader_keys(key, capsys):
+    assert main(["fit", "--config", CONFIGS["offline_rl"], f"--data.{key}", "3", "--print-config"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"data.{key}: the offline-RL loop" in err, err

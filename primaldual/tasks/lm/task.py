@@ -16,7 +16,6 @@ from torch import nn
 from ...train.config import ConfigError, RunConfig
 from ...train.validate import peer_attention
 from ..base import Task, data_info, register_task
-from ..classification import LOADER_KEYS
 from ..protocols import LM_HELDOUT, Protocol
 
 __all__ = ["LM_DATASETS", "LanguageModelTask"]
@@ -37,7 +36,6 @@ class LanguageModelTask(Task):
         ("model", "init"),
         ("model", "vocab_size"),
         ("model", "norm_first"),
-        *LOADER_KEYS,
     )
 
     def check(self, cfg: RunConfig) -> None:

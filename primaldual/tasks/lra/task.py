@@ -37,7 +37,7 @@ from ...data.cache import dataset_dir
 from ...train.config import ConfigError, DataConfig, RunConfig
 from ...train.validate import path_part
 from ..base import register_task
-from ..classification import LOADER_KEYS, ClassificationTask
+from ..classification import ClassificationTask
 
 __all__ = ["LRA_DATASETS", "LRATask", "build_lra_splits"]
 
@@ -76,7 +76,6 @@ class LRATask(ClassificationTask):
         ("model", "vocab_size"),
         ("model", "norm_first"),
         ("model", "num_classes"),
-        *LOADER_KEYS,
     )
     prefix: str | None = None  # data names starting with this are accepted too
 

@@ -64,6 +64,13 @@ class OfflineRLTask(Task):
             raise ConfigError(
                 f"trainer.precision: the offline-RL loop trains in 32-true or bf16-mixed (autocast), got {t.precision!r}"
             )
+        d_default = RunConfig().data
+        for key in ("eval_batch_size", "num_workers"):  # the loop batches in-process and evaluates by rollouts
+            if getattr(cfg.data, key) != getattr(d_default, key):
+                raise ConfigError(
+                    f"data.{key}: the offline-RL loop draws its batches in-process and evaluates by rollouts; it does "
+                    f"not use {key} (leave it at {getattr(d_default, key)!r})"
+                )
         for key in ("accumulate_grad_batches", "strategy", "devices", "num_nodes"):
             if getattr(t, key) != getattr(d, key):
                 raise ConfigError(

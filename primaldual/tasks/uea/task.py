@@ -13,7 +13,7 @@ from torch import nn
 from ...train.config import RunConfig
 from ...train.validate import path_part
 from ..base import register_task
-from ..classification import LOADER_KEYS, ClassificationTask
+from ..classification import ClassificationTask
 
 __all__ = ["UEATask"]
 
@@ -23,7 +23,7 @@ class UEATask(ClassificationTask):
     model_kinds = ("timeseries",)
     step_based = False
     protocols = ("heldout", "paper")
-    keys = (("data", "fetch"), ("data", "val_fraction"), *LOADER_KEYS)
+    keys = (("data", "fetch"), ("data", "val_fraction"))
 
     def check(self, cfg: RunConfig) -> None:
         path_part("data.name", cfg.data.name)

@@ -13,7 +13,7 @@ from torch import nn
 from ...train.config import ConfigError, RunConfig
 from ...train.validate import path_part
 from ..base import register_task
-from ..classification import LOADER_KEYS, ClassificationTask
+from ..classification import ClassificationTask
 from . import VISION_IDX_DATASETS
 
 __all__ = ["VisionTask"]
@@ -34,7 +34,6 @@ class VisionTask(ClassificationTask):
         ("model", "stem"),
         ("model", "num_classes"),
         ("data", "val_fraction"),
-        *LOADER_KEYS,
     )
 
     def check(self, cfg: RunConfig) -> None:
