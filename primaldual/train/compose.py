@@ -219,7 +219,8 @@ def merge(into: DictConfig, new: dict[str, Any] | DictConfig) -> DictConfig:
     """``OmegaConf.merge`` plus two rules of the project: an empty section (``model:`` with nothing under it)
     changes nothing, and a later ``model.plan`` drops ``model.attention`` (and the other way round)."""
     new = OmegaConf.create(new)
-    for k in [k for k in new if new._get_node(k)._is_none() and isinstance(into.get(k), DictConfig)]:
+    raw = OmegaConf.to_container(new, resolve=False)  # None without resolving a reference (public API only)
+    for k in [k for k, v in raw.items() if v is None and isinstance(into.get(k), DictConfig)]:
         new.pop(k)
     model, incoming = into.get("model"), new.get("model")
     if isinstance(model, DictConfig) and isinstance(incoming, DictConfig):

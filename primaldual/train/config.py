@@ -189,21 +189,31 @@ def load_config(
     """Load a config file or name (``None``: all defaults), composing it from its fragments, and apply
     command-line overrides (before the file's ``${...}`` references are resolved, so references follow them).
     ``config_dir``: a folder searched before ``./configs`` and the shipped configs."""
+    pairs = parse_overrides(overrides or [])
     if spec is None:
-        cfg = RunConfig()
+        cfg, rest = RunConfig(), pairs
     else:
-        c = _compose(str(spec), parse_overrides(overrides or []), config_dir)
+        # the run config's own keys are set while composing (so that references follow them), once; the rest (the
+        # --attention switch, unknown keys to report) on the built config
+        c = _compose(str(spec), pairs, config_dir)
         try:
             cfg = _build(RunConfig, c.values, "")
         except (ConfigError, TypeError) as e:
             raise ConfigError(f"{c.origin}: {e}") from None
-    return validate_config(apply_overrides(cfg, overrides or []))
+        rest = [(k, v) for k, v in pairs if not _known_key(k)]
+    return validate_config(_apply(cfg, rest))
 
 
 def apply_overrides(cfg: RunConfig, args: list[str]) -> RunConfig:
     """Apply ``--a.b value`` / ``--a.b=value`` / ``--attention NAME`` flags (values parsed as YAML)."""
+    return _apply(cfg, parse_overrides(args))
+
+
+def _apply(cfg: RunConfig, pairs: list[tuple[str, Any]]) -> RunConfig:
+    if not pairs:
+        return cfg
     d = cfg.to_dict()
-    for key, value in parse_overrides(args):
+    for key, value in pairs:
         if key == "attention":  # the one-flag switch to any registered mechanism
             d["model"]["attention"], d["model"]["attention_options"] = value, None
             d["name"] = f"{d['name']}-{value}" if isinstance(value, str) else d["name"]
