@@ -14,8 +14,6 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from ..encoder import ACTIVATIONS
-from ..models.init import INITS
 from ..options import check_bool, check_choice, check_int, check_number
 from ..tasks.base import exclusive_keys, get_task
 from ..utils.errors import ConfigError
@@ -143,27 +141,14 @@ def _validate_config(cfg: RunConfig) -> None:
 
     d = cfg.data
     optional_str("data.root", d.root)
-    optional_str("data.stand_in", d.stand_in)
-    check_bool("data.fetch", d.fetch)
-    check_number("data.val_fraction", d.val_fraction, low=0, high=1, low_open=True, high_open=True)
     check_int("data.batch_size", d.batch_size, low=1)
     check_int("data.eval_batch_size", d.eval_batch_size, low=1)
     check_int("data.num_workers", d.num_workers, low=0)
     check_int("data.max_len", d.max_len, low=1, allow_none=True)
-    check_choice("data.tokenisation", d.tokenisation, ("brackets", "no_brackets"))
-    check_int("data.train_pairs", d.train_pairs, low=1)
-    check_int("data.eval_pairs", d.eval_pairs, low=1)
-    check_int("data.val_size", d.val_size, low=1, allow_none=True)
-    check_int("data.image_size", d.image_size, low=1, allow_none=True)
-    check_number("data.crop_pct", d.crop_pct, low=0, high=1, low_open=True)
 
     m = cfg.model
     if m.kind != "auto" and m.kind not in task.model_kinds:
         raise ConfigError(f"model.kind: {m.kind!r} does not fit task {cfg.task!r} (it builds {task.model_kinds})")
-    if m.positions not in ("learned", "sinusoidal"):
-        raise ConfigError(f"model.positions: expected 'learned' or 'sinusoidal', got {m.positions!r}")
-    if m.pooling not in ("mean", "cls"):
-        raise ConfigError(f"model.pooling: expected 'mean' or 'cls', got {m.pooling!r}")
     # upper bounds far above any model a run trains (GPT-3's width is 12,288), so that a typo such as an extra
     # three zeros is a one-line error here, not an allocator's overflow after the data is loaded
     check_int("model.dim", m.dim, low=1, high=MAX_WIDTH)
@@ -171,28 +156,6 @@ def _validate_config(cfg: RunConfig) -> None:
     check_int("model.num_heads", m.num_heads, low=1, high=MAX_WIDTH)
     check_int("model.ffn_dim", m.ffn_dim, low=1, high=4 * MAX_WIDTH)
     check_number("model.dropout", m.dropout, low=0, high=1, high_open=True)
-    check_int("model.vocab_size", m.vocab_size, low=1, allow_none=True)
-    check_int("model.num_classes", m.num_classes, low=2, allow_none=True)
-    check_bool("model.norm_first", m.norm_first)
-    check_bool("model.tie_embeddings", m.tie_embeddings)
-    check_int("model.patch_size", m.patch_size, low=1)
-    check_number("model.drop_path", m.drop_path, low=0, high=1, high_open=True)
-    check_int("model.patch_kernel", m.patch_kernel, low=m.patch_size, allow_none=True)
-    if m.patch_kernel is not None and (m.patch_kernel - m.patch_size) % 2:
-        raise ConfigError(
-            f"model.patch_kernel: expected model.patch_size ({m.patch_size}) plus an even number, got {m.patch_kernel}"
-        )
-    if m.stem not in ("patch", "conv"):
-        raise ConfigError(f"model.stem: expected 'patch' or 'conv', got {m.stem!r}")
-    if m.stem == "conv" and (m.patch_size < 2 or m.patch_size & (m.patch_size - 1) or m.patch_kernel is not None):
-        raise ConfigError(
-            f"model.stem: 'conv' needs model.patch_size a power of two (got {m.patch_size}) and model.patch_kernel "
-            f"null (got {m.patch_kernel})"
-        )
-    check_choice("model.activation", m.activation, tuple(ACTIVATIONS))
-    check_number("model.attn_drop", m.attn_drop, low=0, high=1, high_open=True)
-    check_number("model.ffn_drop", m.ffn_drop, low=0, high=1, high_open=True, allow_none=True)
-    check_choice("model.init", m.init, INITS)
     _validate_attention(m, causal=task.causal)
 
     o = cfg.optim

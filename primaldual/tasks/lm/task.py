@@ -13,9 +13,12 @@ from typing import Any
 
 from torch import nn
 
+from ...models.init import INITS
+from ...options import check_bool, check_choice
 from ...train.config import ConfigError, RunConfig
 from ...train.validate import peer_attention
 from ..base import Task, data_info, register_task
+from ..checks import check_token_model, check_val_size
 from ..protocols import LM_HELDOUT, Protocol
 
 __all__ = ["LM_DATASETS", "LanguageModelTask"]
@@ -44,10 +47,12 @@ class LanguageModelTask(Task):
             raise ConfigError(f"data.name: task 'lm' takes one of {LM_DATASETS}, got {d.name!r}")
         if d.max_len is None:
             raise ConfigError("data.max_len: task 'lm' needs the tokens per sample (e.g. 512)")
+        check_val_size(d)
+        check_token_model(m)
+        check_bool("model.tie_embeddings", m.tie_embeddings)
+        check_choice("model.init", m.init, INITS)
         if not m.norm_first:
             raise ConfigError("model.norm_first: the causal LM (model.kind 'lm') is pre-LN; set it to true")
-        if m.num_classes is not None:
-            raise ConfigError("model.num_classes: a language model has no classes; set it to null")
         if m.resolved_kind(self.name) == "hf_gpt2":
             peer_attention(m, "Hugging Face's GPT2LMHeadModel")
             if m.positions != "learned":

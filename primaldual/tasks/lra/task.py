@@ -34,9 +34,11 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ...data.cache import dataset_dir
+from ...options import check_choice, check_int
 from ...train.config import ConfigError, DataConfig, RunConfig
-from ...train.validate import path_part
+from ...train.validate import optional_str, path_part
 from ..base import register_task
+from ..checks import check_fetch, check_num_classes, check_token_model, check_val_fraction, check_val_size
 from ..classification import ClassificationTask
 
 __all__ = ["LRA_DATASETS", "LRATask", "build_lra_splits"]
@@ -80,8 +82,24 @@ class LRATask(ClassificationTask):
     prefix: str | None = None  # data names starting with this are accepted too
 
     def check(self, cfg: RunConfig) -> None:
-        self.check_name(cfg.data.name)
-        path_part("data.name", cfg.data.name)
+        d, m = cfg.data, cfg.model
+        self.check_name(d.name)
+        path_part("data.name", d.name)
+        optional_str("data.stand_in", d.stand_in)
+        check_val_size(d)
+        check_token_model(m)
+        check_num_classes(m)
+        if m.pooling not in ("mean", "cls"):
+            raise ConfigError(f"model.pooling: expected 'mean' or 'cls', got {m.pooling!r}")
+        if ("data", "tokenisation") in self.keys:
+            check_choice("data.tokenisation", d.tokenisation, ("brackets", "no_brackets"))
+        if ("data", "train_pairs") in self.keys:
+            check_int("data.train_pairs", d.train_pairs, low=1)
+            check_int("data.eval_pairs", d.eval_pairs, low=1)
+        if ("data", "fetch") in self.keys:
+            check_fetch(d)
+        if ("data", "val_fraction") in self.keys:
+            check_val_fraction(d)
 
     def check_name(self, name: str) -> None:
         """Refuse a ``data.name`` this task does not read."""

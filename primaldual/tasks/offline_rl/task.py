@@ -14,7 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ...options import check_bool, check_int, check_number
+from ...encoder import ACTIVATIONS
+from ...models.init import INITS
+from ...options import check_bool, check_choice, check_int, check_number
 from ...train.config import ConfigError, RunConfig
 from ...train.validate import path_part, peer_attention
 from ..base import Task, register_task
@@ -38,6 +40,10 @@ class OfflineRLTask(Task):
         if cfg.data.max_len is None:
             raise ConfigError("data.max_len: task 'offline_rl' needs the context K in timesteps (e.g. 20)")
         m = cfg.model
+        check_choice("model.activation", m.activation, tuple(ACTIVATIONS))
+        check_number("model.attn_drop", m.attn_drop, low=0, high=1, high_open=True)
+        check_number("model.ffn_drop", m.ffn_drop, low=0, high=1, high_open=True, allow_none=True)
+        check_choice("model.init", m.init, INITS)
         if m.resolved_kind(self.name) == "hf_dt":
             peer_attention(m, "Hugging Face's DecisionTransformerModel")
             default = RunConfig().model

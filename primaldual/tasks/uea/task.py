@@ -13,6 +13,7 @@ from torch import nn
 from ...train.config import RunConfig
 from ...train.validate import path_part
 from ..base import register_task
+from ..checks import check_fetch, check_val_fraction
 from ..classification import ClassificationTask
 
 __all__ = ["UEATask"]
@@ -27,6 +28,8 @@ class UEATask(ClassificationTask):
 
     def check(self, cfg: RunConfig) -> None:
         path_part("data.name", cfg.data.name)
+        check_fetch(cfg.data)
+        check_val_fraction(cfg.data)
 
     def datamodule(self, cfg: RunConfig) -> Any:
         from .data import UEADataModule

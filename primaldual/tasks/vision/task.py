@@ -10,9 +10,11 @@ from typing import Any
 
 from torch import nn
 
+from ...options import check_int, check_number
 from ...train.config import ConfigError, RunConfig
 from ...train.validate import path_part
 from ..base import register_task
+from ..checks import check_num_classes, check_val_fraction, check_val_size
 from ..classification import ClassificationTask
 from . import VISION_IDX_DATASETS
 
@@ -39,6 +41,26 @@ class VisionTask(ClassificationTask):
     def check(self, cfg: RunConfig) -> None:
         d, m = cfg.data, cfg.model
         path_part("data.name", d.name)
+        check_int("data.image_size", d.image_size, low=1, allow_none=True)
+        check_number("data.crop_pct", d.crop_pct, low=0, high=1, low_open=True)
+        check_val_fraction(d)
+        check_val_size(d)
+        check_num_classes(m)
+        check_int("model.patch_size", m.patch_size, low=1)
+        check_number("model.drop_path", m.drop_path, low=0, high=1, high_open=True)
+        check_int("model.patch_kernel", m.patch_kernel, low=m.patch_size, allow_none=True)
+        if m.patch_kernel is not None and (m.patch_kernel - m.patch_size) % 2:
+            raise ConfigError(
+                f"model.patch_kernel: expected model.patch_size ({m.patch_size}) plus an even number, got "
+                f"{m.patch_kernel}"
+            )
+        if m.stem not in ("patch", "conv"):
+            raise ConfigError(f"model.stem: expected 'patch' or 'conv', got {m.stem!r}")
+        if m.stem == "conv" and (m.patch_size < 2 or m.patch_size & (m.patch_size - 1) or m.patch_kernel is not None):
+            raise ConfigError(
+                f"model.stem: 'conv' needs model.patch_size a power of two (got {m.patch_size}) and "
+                f"model.patch_kernel null (got {m.patch_kernel})"
+            )
         if d.name not in VISION_IDX_DATASETS and d.image_size is None:
             raise ConfigError("data.image_size: an image-folder dataset needs the side the model sees (e.g. 224)")
         if d.image_size is not None and d.image_size % m.patch_size:
