@@ -5,11 +5,15 @@ the runner (:mod:`primaldual.train.run`) and the config validator know no task b
 says what its config may hold and checks it (:meth:`Task.check`), builds its data module, model and Lightning
 module, names its selection protocol, and turns a finished fit into the result it reports (:meth:`Task.results`,
 :meth:`Task.report`). A task with a loop of its own (offline RL: rollouts, not a Lightning ``Trainer``) sets
-``lightning = False`` and implements :meth:`Task.fit`.
+``lightning = False`` and implements :meth:`Task.fit`. A classifier subclasses
+:class:`~primaldual.tasks.classification.ClassificationTask`, which supplies the module, results and report.
+
+This module is the contract's floor, under the runner: it imports nothing from :mod:`primaldual.train` or from a
+task package, and loads the built-in tasks by name (``_BUILTIN``) as it loads a plugin's entry point.
 
 Registering and validating never import Lightning: the built-in tasks import their Lightning parts inside the
 methods that build them, so loading or checking a config stays fast. A task of your own can keep everything in one
-file (``docs/training.md``, "A task of your own").
+file (``docs/architecture.md``, "Add a task").
 """
 
 from __future__ import annotations
@@ -54,11 +58,13 @@ class Task:
         step_based: the run is counted in optimiser steps (``trainer.max_steps > 0`` required); else epochs.
         protocols: the ``protocol`` values it accepts.
         sections: config sections only this task reads (at their defaults in every other task's configs).
-        keys: ``(section, key)`` pairs only this task reads, likewise.
+        keys: ``(section, key)`` pairs only some tasks read, this one among them; likewise refused elsewhere, and
+            checked by this task's :meth:`check` (:mod:`primaldual.tasks.checks` has the shared checks).
         compiles: whether ``trainer.compile`` applies.
         lightning: trained by the generic Lightning runner; ``False``: :meth:`fit` is the task's own loop.
         metrics: the per-evaluation metrics of ``history.csv`` (after ``loss``).
-        majority_baseline: the summary records the data's ``info`` and the majority-class test accuracy.
+        majority_baseline: (:class:`~primaldual.tasks.classification.ClassificationTask`) the summary records the
+            data's ``info`` and the majority-class test accuracy.
     """
 
     name: str = ""
