@@ -42,7 +42,9 @@ def test_the_adapted_model_starts_where_it_was_and_trains_only_adapters_and_new_
 def test_every_primal_path_sees_the_adapter(path, kernel):
     if kernel == "triton":
         pytest.importorskip("triton")
-    model = _model(path, kernel)
+    # the kernel runs on a CUDA device, else on the CPU under TRITON_INTERPRET=1 (tests/conftest.py)
+    device = "cuda" if kernel == "triton" and torch.cuda.is_available() else "cpu"
+    model = _model(path, kernel).to(device)
     add_lora(model, r=2)
     qk = model.decoder.blocks[1].attn.qk
     update = qk.parametrizations["weight"][0]
@@ -50,13 +52,13 @@ def test_every_primal_path_sees_the_adapter(path, kernel):
         update.lora_b.normal_()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the kernel runs (no fallback)
-        loss = model(_ids()).float().pow(2).mean()
+        loss = model(_ids().to(device)).float().pow(2).mean()
     loss.backward()
     assert update.lora_b.grad is not None and update.lora_b.grad.abs().sum() > 0
     with torch.no_grad():
-        moved = model(_ids())
+        moved = model(_ids().to(device))
         update.lora_b.zero_()
-        assert not torch.allclose(model(_ids()), moved, atol=1e-4)  # the update changes the output on this path
+        assert not torch.allclose(model(_ids().to(device)), moved, atol=1e-4)  # the update changes this path's output
 
 
 def test_a_step_leaves_the_frozen_weights_and_merging_keeps_the_outputs():
