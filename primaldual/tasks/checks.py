@@ -7,12 +7,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..options import check_bool, check_int, check_number
+from ..models.init import INITS
+from ..options import check_bool, check_choice, check_int, check_number
 
 if TYPE_CHECKING:
     from ..train.schema import DataConfig, ModelConfig
 
-__all__ = ["check_fetch", "check_num_classes", "check_token_model", "check_val_fraction", "check_val_size"]
+__all__ = [
+    "check_fetch",
+    "check_init",
+    "check_num_classes",
+    "check_token_model",
+    "check_val_fraction",
+    "check_val_size",
+]
 
 
 def check_fetch(d: DataConfig) -> None:
@@ -37,3 +45,7 @@ def check_token_model(m: ModelConfig) -> None:
         raise ValueError(f"model.positions: expected 'learned' or 'sinusoidal', got {m.positions!r}")
     check_bool("model.norm_first", m.norm_first)
     check_int("model.vocab_size", m.vocab_size, low=1, allow_none=True)
+
+
+def check_init(m: ModelConfig) -> None:
+    check_choice("model.init", m.init, INITS)

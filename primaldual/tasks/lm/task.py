@@ -13,12 +13,11 @@ from typing import Any
 
 from torch import nn
 
-from ...models.init import INITS
-from ...options import check_bool, check_choice
+from ...options import check_bool
 from ...train.config import ConfigError, RunConfig
 from ...train.validate import peer_attention
 from ..base import Task, data_info, register_task
-from ..checks import check_token_model, check_val_size
+from ..checks import check_init, check_token_model, check_val_size
 from ..protocols import LM_HELDOUT, Protocol
 
 __all__ = ["LM_DATASETS", "LanguageModelTask"]
@@ -50,7 +49,7 @@ class LanguageModelTask(Task):
         check_val_size(d)
         check_token_model(m)
         check_bool("model.tie_embeddings", m.tie_embeddings)
-        check_choice("model.init", m.init, INITS)
+        check_init(m)
         if not m.norm_first:
             raise ConfigError("model.norm_first: the causal LM (model.kind 'lm') is pre-LN; set it to true")
         if m.resolved_kind(self.name) == "hf_gpt2":

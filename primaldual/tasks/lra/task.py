@@ -91,15 +91,6 @@ class LRATask(ClassificationTask):
         check_num_classes(m)
         if m.pooling not in ("mean", "cls"):
             raise ConfigError(f"model.pooling: expected 'mean' or 'cls', got {m.pooling!r}")
-        if ("data", "tokenisation") in self.keys:
-            check_choice("data.tokenisation", d.tokenisation, ("brackets", "no_brackets"))
-        if ("data", "train_pairs") in self.keys:
-            check_int("data.train_pairs", d.train_pairs, low=1)
-            check_int("data.eval_pairs", d.eval_pairs, low=1)
-        if ("data", "fetch") in self.keys:
-            check_fetch(d)
-        if ("data", "val_fraction") in self.keys:
-            check_val_fraction(d)
 
     def check_name(self, name: str) -> None:
         """Refuse a ``data.name`` this task does not read."""
@@ -148,6 +139,10 @@ def build_lra_splits(cfg: DataConfig, task: str) -> dict[str, Dataset]:
 class ListOpsTask(LRATask):
     keys = (*LRATask.keys, ("data", "tokenisation"))
 
+    def check(self, cfg: RunConfig) -> None:
+        super().check(cfg)
+        check_choice("data.tokenisation", cfg.data.tokenisation, ("brackets", "no_brackets"))
+
     def splits(self, cfg: DataConfig) -> dict[str, Dataset]:
         from ...data.listops import ListOpsDataset
 
@@ -158,6 +153,11 @@ class ListOpsTask(LRATask):
 @register_task("lra_text")
 class TextTask(LRATask):
     keys = (*LRATask.keys, ("data", "val_fraction"), ("data", "fetch"))
+
+    def check(self, cfg: RunConfig) -> None:
+        super().check(cfg)
+        check_val_fraction(cfg.data)
+        check_fetch(cfg.data)
 
     def splits(self, cfg: DataConfig) -> dict[str, Dataset]:
         from ...data import text
@@ -185,6 +185,12 @@ class RetrievalTask(LRATask):
     model_kinds = ("retrieval", "sequence")
     keys = (*LRATask.keys, ("data", "train_pairs"), ("data", "eval_pairs"), ("data", "fetch"))
 
+    def check(self, cfg: RunConfig) -> None:
+        super().check(cfg)
+        check_int("data.train_pairs", cfg.data.train_pairs, low=1)
+        check_int("data.eval_pairs", cfg.data.eval_pairs, low=1)
+        check_fetch(cfg.data)
+
     def splits(self, cfg: DataConfig) -> dict[str, Dataset]:
         from ...data import text
         from ...recipes import text_standins as standins
@@ -208,6 +214,10 @@ class RetrievalTask(LRATask):
 @register_task("lra_image")
 class ImageTask(LRATask):
     keys = (*LRATask.keys, ("data", "val_fraction"))
+
+    def check(self, cfg: RunConfig) -> None:
+        super().check(cfg)
+        check_val_fraction(cfg.data)
 
     def splits(self, cfg: DataConfig) -> dict[str, Dataset]:
         from ...data import images

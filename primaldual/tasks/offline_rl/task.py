@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from ...encoder import ACTIVATIONS
-from ...models.init import INITS
 from ...options import check_bool, check_choice, check_int, check_number
 from ...train.config import ConfigError, RunConfig
 from ...train.validate import path_part, peer_attention
 from ..base import Task, register_task
+from ..checks import check_init
 
 __all__ = ["OfflineRLTask"]
 
@@ -43,7 +43,7 @@ class OfflineRLTask(Task):
         check_choice("model.activation", m.activation, tuple(ACTIVATIONS))
         check_number("model.attn_drop", m.attn_drop, low=0, high=1, high_open=True)
         check_number("model.ffn_drop", m.ffn_drop, low=0, high=1, high_open=True, allow_none=True)
-        check_choice("model.init", m.init, INITS)
+        check_init(m)
         if m.resolved_kind(self.name) == "hf_dt":
             peer_attention(m, "Hugging Face's DecisionTransformerModel")
             default = RunConfig().model
