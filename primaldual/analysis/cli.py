@@ -52,10 +52,10 @@ def analyze_run(
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} not found (--ckpt best, last, or a path)")
     cfg = run_config(run_dir)
-    if not get_task(cfg.task).lightning:
+    if not get_task(cfg.task).example_splits:
         raise ValueError(
-            f"{run_dir}: a {cfg.task!r} run, trained in its own loop; analyze reads the runs of the Lightning tasks "
-            "(a data module and a model to take spectra of)"
+            f"{run_dir}: a {cfg.task!r} run, whose data has no split of examples to feed the model (it is evaluated "
+            "by rollouts); analyze reads the runs of the tasks with train / val / test examples"
         )
     state = load_checkpoint(path)["state_dict"]  # before any data is read: an unsafe file is refused first
     dm = build_datamodule(cfg)

@@ -113,7 +113,7 @@ def build_case(
     """Load config ``spec`` (with ``overrides``), build its data and module as a run does, and take the batch.
 
     Raises:
-        ConfigError: unknown config or key. ValueError: a task without a Lightning training step (offline RL), a
+        ConfigError: unknown config or key. ValueError: a task without a split of examples (offline RL), a
             module without ``training_loss``, an empty training split. MissingDataError: data not available.
     """
     import torch
@@ -124,10 +124,10 @@ def build_case(
     from ..train.run import build_datamodule, build_module
 
     cfg = load_config(spec, overrides)
-    if not get_task(cfg.task).lightning:
+    if not get_task(cfg.task).example_splits:
         raise ValueError(
-            f"{spec}: task {cfg.task!r} trains in its own loop (no Lightning module with training_loss); "
-            "bench steps times the tasks trained by the Lightning runner"
+            f"{spec}: task {cfg.task!r} has no split of examples to batch (benchmarks/dt_update.py times the "
+            "Decision Transformer's update); bench steps times the tasks with train / val / test examples"
         )
     torch.manual_seed(0)
     dm = build_datamodule(cfg)

@@ -4,8 +4,8 @@ Modelled on the attention registry: a task is a class registered under one or mo
 the runner (:mod:`primaldual.train.run`) and the config validator know no task by name, they ask the task. A task
 says what its config may hold and checks it (:meth:`Task.check`), builds its data module, model and Lightning
 module, names its selection protocol, and turns a finished fit into the result it reports (:meth:`Task.results`,
-:meth:`Task.report`). A task with a loop of its own (offline RL: rollouts, not a Lightning ``Trainer``) sets
-``lightning = False`` and implements :meth:`Task.fit`. A classifier subclasses
+:meth:`Task.report`). Every task is trained by the same runner: one whose evaluation is not a pass over examples
+(offline RL: rollouts) does it in its Lightning module's validation step. A classifier subclasses
 :class:`~primaldual.tasks.classification.ClassificationTask`, which supplies the module, results and report.
 
 This module is the contract's floor, under the runner: it imports nothing from :mod:`primaldual.train` or from a
@@ -61,8 +61,9 @@ class Task:
         keys: ``(section, key)`` pairs only some tasks read, this one among them; likewise refused elsewhere, and
             checked by this task's :meth:`check` (:mod:`primaldual.tasks.checks` has the shared checks).
         compiles: whether ``trainer.compile`` applies.
-        lightning: trained by the generic Lightning runner; ``False``: :meth:`fit` is the task's own loop.
-        metrics: the per-evaluation metrics of ``history.csv`` (after ``loss``).
+        example_splits: the data module's ``datasets`` hold the examples of each split (``analyze`` and ``bench
+            steps`` feed them to the model); ``False`` for data evaluated otherwise (offline RL: rollouts).
+        metrics: the per-evaluation metrics of ``history.csv`` per evaluated split (:meth:`history_metrics`).
         majority_baseline: (:class:`~primaldual.tasks.classification.ClassificationTask`) the summary records the
             data's ``info`` and the majority-class test accuracy.
     """
@@ -75,7 +76,7 @@ class Task:
     sections: tuple[str, ...] = ()
     keys: tuple[tuple[str, str], ...] = ()
     compiles: bool = True
-    lightning: bool = True
+    example_splits: bool = True
     metrics: tuple[str, ...] = ("loss", "acc")
     majority_baseline: bool = False
 
@@ -86,6 +87,10 @@ class Task:
     def protocol(self, name: str) -> Protocol:
         """The selection protocol ``name`` (one of :attr:`protocols`)."""
         return PROTOCOLS[name]
+
+    def history_metrics(self, cfg: RunConfig) -> tuple[str, ...]:
+        """The metrics ``history.csv`` records per evaluated split (``<split>/<metric>``); default :attr:`metrics`."""
+        return self.metrics
 
     # --- building ----------------------------------------------------------------------------------------------
     def datamodule(self, cfg: RunConfig) -> Any:
@@ -100,6 +105,16 @@ class Task:
         """The Lightning module: the model with its loss, optimiser and schedule
         (:class:`~primaldual.tasks.classification.ClassificationTask` gives the classification one)."""
         raise NotImplementedError(f"task {self.name!r} has no Lightning module")
+
+    def example_inputs(self, dm: Any) -> list[Any]:
+        """One batch of the model's inputs (``trainer.compile`` checks the compiled model on it): by default the
+        first validation batch without its last element (the targets)."""
+        return list(next(iter(dm.val_dataloader()[0]))[:-1])
+
+    def describe_data(self, cfg: RunConfig, dm: Any) -> str:
+        """The data's part of the line ``fit`` prints before training."""
+        n = dm.sizes
+        return f"{cfg.data.name} train/val/test {n.get('train', 0)}/{n.get('val', 0)}/{n['test']}"
 
     def on_run_dir(self, cfg: RunConfig, dm: Any, run_dir: Path) -> None:
         """Called once the run directory is prepared (before training), in the launching process only."""
@@ -130,11 +145,6 @@ class Task:
     def table_notes(self, summaries: list[dict[str, Any]]) -> list[str]:
         """Lines printed under the table."""
         return []
-
-    # --- a loop of its own -------------------------------------------------------------------------------------
-    def fit(self, cfg: RunConfig, run_dir: Path, *, fresh: bool = False, verbose: bool = True) -> dict[str, Any]:
-        """Train (or resume) a run in the task's own loop (``lightning = False``); return its summary."""
-        raise NotImplementedError(f"task {self.name!r} is trained by the Lightning runner")
 
     def __repr__(self) -> str:
         return f"<task {self.name!r}: {type(self).__module__}.{type(self).__qualname__}>"

@@ -22,16 +22,21 @@ __all__ = ["LM_HELDOUT", "PROTOCOLS", "Protocol"]
 @dataclass(frozen=True)
 class Protocol:
     """name; label (printed with every result); eval_split: the split evaluated each epoch ("val" or "test");
-    select_on: ``acc`` (highest accuracy, ties: lower loss) or ``loss`` (lowest loss)."""
+    select_on: ``acc`` (highest accuracy, ties: lower loss), ``loss`` (lowest loss) or ``last`` (the latest row:
+    nothing is selected); test_once: the selected checkpoint is evaluated once on test after training (when
+    ``eval_split`` is not already test)."""
 
     name: str
     label: str
     eval_split: str
     select_on: str = "acc"
+    test_once: bool = True
 
     def sort_key(self, row: dict[str, Any]) -> tuple[float, ...]:
         """Smaller is better: the best row of a history is ``min(rows, key=sort_key)`` (ties: the earlier step)."""
         s = self.eval_split
+        if self.select_on == "last":
+            return (-int(row["step"]),)
         if self.select_on == "loss":
             return (float(row[f"{s}/loss"]), int(row["step"]))
         return (-float(row[f"{s}/acc"]), float(row[f"{s}/loss"]), int(row["step"]))

@@ -193,7 +193,7 @@ class EpochHistory(L.Callback):
             self._write_csv()
             if self.verbose:
                 shown = "  ".join(f"{k} {v:.4f}" for k, v in row.items() if "/" in k)
-                mark = "  *best*" if is_best else ""
+                mark = "  *best*" if is_best and self.protocol.select_on != "last" else ""
                 where = (
                     f"epoch {row['epoch'] + 1}/{trainer.max_epochs}"
                     if self.every == "epoch"

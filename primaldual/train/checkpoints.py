@@ -98,8 +98,15 @@ def load_checkpoint(
     return ckpt
 
 
-def check_fits(module: torch.nn.Module, ckpt: dict[str, Any], path: str | os.PathLike, config: str) -> None:
-    """Raise :class:`CheckpointError` when the checkpoint's weights do not fit ``module`` (names and shapes)."""
+def check_fits(
+    module: torch.nn.Module,
+    ckpt: dict[str, Any],
+    path: str | os.PathLike,
+    config: str,
+    hint: str = "it was trained with another config",
+) -> None:
+    """Raise :class:`CheckpointError` when the checkpoint's weights do not fit ``module`` (names and shapes); the
+    message ends with ``hint``."""
     want = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     have = {k: tuple(v.shape) for k, v in ckpt["state_dict"].items() if isinstance(v, torch.Tensor)}
     missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
@@ -112,7 +119,7 @@ def check_fits(module: torch.nn.Module, ckpt: dict[str, Any], path: str | os.Pat
             if missing
             else f"unexpected parameters: {extra[:3]}"
         )
-        raise CheckpointError(f"{path} does not fit the model of {config} ({what}); it was trained with another config")
+        raise CheckpointError(f"{path} does not fit the model of {config} ({what}); {hint}")
 
 
 def corrupt_copy_path(path: str | os.PathLike) -> Path:

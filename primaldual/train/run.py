@@ -1,10 +1,9 @@
 """The generic runner: config -> run directory -> ``Trainer.fit`` (resuming from ``last.ckpt``) -> summary.
 
 It knows no task by name: the registered task (:mod:`primaldual.tasks`) builds the data module, the model and the
-Lightning module, names the selection protocol and turns the result into its summary and report; a task with a
-loop of its own (``Task.lightning = False``) is handed the run instead. Epoch-based runs evaluate after every
-epoch; step-based runs (``trainer.max_steps > 0``) every ``trainer.val_check_interval`` steps (default a tenth of
-the run). With the heldout protocol the selected checkpoint is evaluated once on test.
+Lightning module, names the selection protocol and turns the result into its summary and report. Epoch-based runs
+evaluate after every epoch; step-based runs (``trainer.max_steps > 0``) every ``trainer.val_check_interval`` steps
+(default a tenth of the run). With the heldout protocol the selected checkpoint is evaluated once on test.
 
 Nothing is written before the config is validated and the data and model are built: a bad value, missing data or a
 model that cannot be built leave no run directory behind. The running ``fit`` holds ``run.lock`` (a second process
@@ -132,15 +131,11 @@ def fit(
         before_training: ``f(module, run_dir, resuming)``, called under the run's lock once the run directory is
             prepared, before training (``resuming``: a checkpoint will be restored over the module's weights). On a
             fresh start it may set the model's weights (``primaldual convert`` starts stage 2 from its stage-1 weights
-            this way) and write its own entries. Lightning tasks only.
+            this way) and write its own entries.
     """
     # before the data and the lock: a directory that is not ours is never touched
     run_dir = check_run_dir(run_dir if run_dir is not None else default_run_dir(cfg), fresh)
     task = get_task(cfg.task)
-    if not task.lightning:  # a loop of its own: the same run directory and lock, its own resume
-        if before_training is not None:
-            raise ConfigError(f"before_training: task {cfg.task!r} runs a loop of its own, which takes no such hook")
-        return task.fit(cfg, run_dir, fresh=fresh, verbose=verbose)
     protocol = task.protocol(cfg.protocol)
     launcher = is_launcher_process()
     check_machine(cfg)
@@ -174,10 +169,14 @@ def _fit(
     task = get_task(cfg.task)
     note = (lambda msg: print(msg, flush=True)) if verbose and is_launcher_process() else (lambda msg: None)
     resume = resume_checkpoint(run_dir, note)
+    if resume is not None:  # before Lightning restores it: a checkpoint of another model is one clear line
+        hint = "it was written by another model; pass --fresh to start the run over, or another --run-dir"
+        check_fits(module, load_checkpoint(resume), resume, str(run_dir / "config.yaml"), hint)
     if before_training is not None and is_launcher_process():
         before_training(module, run_dir, resume is not None)
     every = "val" if cfg.step_based else "epoch"
-    history = EpochHistory(run_dir, protocol, dm.eval_splits, verbose=verbose, every=every, metrics=task.metrics)
+    metrics = task.history_metrics(cfg)
+    history = EpochHistory(run_dir, protocol, dm.eval_splits, verbose=verbose, every=every, metrics=metrics)
     # Monitor-less top-1 under the fixed name "last": one file, replaced (atomically) after every epoch
     # (step-based: after every periodic evaluation, so a resume loses at most one evaluation interval).
     last_ckpt = ModelCheckpoint(
@@ -193,12 +192,11 @@ def _fit(
     timer = StepTimer()
     trainer = _trainer(cfg, run_dir, [seeder, history, last_ckpt, timer], logger)
     if cfg.trainer.compile:
-        _compile(module, dm, trainer, note if trainer.is_global_zero else (lambda msg: None))
+        _compile(module, task.example_inputs(dm), trainer, note if trainer.is_global_zero else (lambda msg: None))
     if verbose and trainer.is_global_zero:
         n = sum(p.numel() for p in module.parameters())
         print(
-            f"{cfg.name}: {cfg.model.attention} attention, {n / 1e6:.2f}M parameters, {cfg.data.name} "
-            f"train/val/test {dm.sizes.get('train', 0)}/{dm.sizes.get('val', 0)}/{dm.sizes['test']}, "
+            f"{cfg.name}: {cfg.model.attention} attention, {n / 1e6:.2f}M parameters, {task.describe_data(cfg, dm)}, "
             f"{protocol.label}\nrun directory: {run_dir}" + (f"\nresuming from {resume}" if resume else ""),
             flush=True,
         )
@@ -223,7 +221,7 @@ def _fit(
         summary.update(steps=int(trainer.global_step), best_step=int(best["step"]), evaluations=len(history.rows))
     summary.update(_ksvd_summary(module.model, history.rows))
     test = None
-    if protocol.eval_split != "test":  # the selected checkpoint, evaluated once on test
+    if protocol.eval_split != "test" and protocol.test_once:  # the selected checkpoint, evaluated once on test
         test = trainer.test(module, dm, ckpt_path=str(history.best_path), verbose=False, **_safe(trainer.test))[0]
     summary.update(task.results(cfg, dm, module, protocol, best, test))
     if trainer.is_global_zero:
@@ -288,13 +286,12 @@ def _ksvd_summary(model: nn.Module, rows: list[dict[str, Any]]) -> dict[str, Any
     return out
 
 
-def _compile(module: L.LightningModule, dm: Any, trainer: L.Trainer, note: Any) -> None:
-    """``trainer.compile``: the model compiled in place on the run's device, checked on the first validation batch."""
+def _compile(module: L.LightningModule, example: list[Any], trainer: L.Trainer, note: Any) -> None:
+    """``trainer.compile``: the model compiled in place on the run's device, checked on one batch of its inputs."""
     from .compile import compile_model
 
     device = trainer.strategy.root_device
-    batch = next(iter(dm.val_dataloader()[0]))
-    inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in batch[:-1]]
+    inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in example]
     module.model.to(device)
     compile_model(module.model, inputs, note)
 
@@ -334,11 +331,6 @@ def evaluate(
             raise ValueError("evaluate: give a config or a run directory")
         cfg = run_config(run_dir)
     task = get_task(cfg.task)
-    if not task.lightning:
-        raise ConfigError(
-            f"{cfg.task} runs are evaluated by their own loop during fit (history.csv; the results are in "
-            "summary.json); validate / test do not apply"
-        )
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
     if not isinstance(ckpt, str) or not ckpt.strip():
         raise ValueError(f"--ckpt: expected best, last or a checkpoint path, got {ckpt!r}")

@@ -123,15 +123,14 @@ def test_hf_dt_fits_with_the_same_loop_and_rolls_out(tmp_path, hopper_dir):  # n
     assert s["task"] == "offline_rl" and s["steps"] == 2 and s["evaluations"] == 2
     assert np.isfinite(s["normalized_score_mean"]) and s["eval_episodes"] == 1
     state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
-    assert any(k.startswith("model.encoder.h.0.attn.c_attn") for k in state["model"])
+    assert any(k.startswith("model.model.encoder.h.0.attn.c_attn") for k in state["state_dict"])
     # the trained weights roll out again through evaluate_policy (one short episode)
     from primaldual.rl import evaluate_policy
+    from primaldual.tasks.offline_rl.training import load_policy
 
-    m = peers.HFDecisionTransformer(11, 3, max_ep_len=20, context=4, dim=16, depth=2, num_heads=1, ffn_dim=32)
-    m.load_state_dict(state["model"])
-    res = evaluate_policy(
-        m, "hopper", 3600.0, episodes=1, seed=0, state_mean=s["state_mean"], state_std=s["state_std"], max_ep_len=5
-    )
+    m, mean, std = load_policy(run)
+    assert isinstance(m, peers.HFDecisionTransformer) and list(mean) == pytest.approx(s["state_mean"])
+    res = evaluate_policy(m, "hopper", 3600.0, episodes=1, seed=0, state_mean=mean, state_std=std, max_ep_len=5)
     assert 1 <= res["length_mean"] <= 5 and np.isfinite(res["return_mean"])
 
 
@@ -147,9 +146,9 @@ def test_hf_dt_resume_equals_an_uninterrupted_run(tmp_path, hopper_dir):  # noqa
     fresh = tmp_path / "fresh"
     assert _fit(tmp_path, hopper_dir, fresh) == 0
     straight = torch.load(fresh / "checkpoints" / "last.ckpt", weights_only=True)
-    assert resumed["step"] == 2 and len(resumed["history"]) == 2
-    for k, v in straight["model"].items():
-        torch.testing.assert_close(resumed["model"][k], v)
+    assert resumed["global_step"] == 2
+    for k, v in straight["state_dict"].items():
+        torch.testing.assert_close(resumed["state_dict"][k], v)
 
 
 def test_hf_dt_falls_back_to_eager_attention_where_sdpa_is_refused(monkeypatch):

@@ -2,26 +2,36 @@
 
 Models: ``model.kind: dt``, :class:`~primaldual.models.DecisionTransformer`; ``hf_dt``, Hugging Face's
 ``DecisionTransformerModel`` at the same sizes (:class:`~primaldual.integrations.hf.peers.HFDecisionTransformer`,
-the ``hf`` extra), a peer trained and evaluated by the same loop.
+the ``hf`` extra), a peer trained and evaluated the same way.
 
-Its own loop (:func:`primaldual.tasks.offline_rl.fit.fit_rl`), not a Lightning ``Trainer``: no ``validate`` / ``test`` (the
-rollouts during fit are the evaluation; the final checkpoint is reported). Everything offline RL lives in
-:mod:`primaldual.rl`.
+Trained by the shared runner like every task (run directory, lock, checkpoint recovery, resume, history, DDP):
+the data module is :class:`~primaldual.tasks.offline_rl.data.RLDataModule`, the Lightning module
+:class:`~primaldual.tasks.offline_rl.training.DTModule`, whose validation step is the rollout evaluation. The
+protocol is ``final``: the last checkpoint is reported, nothing is selected on the rollouts, and there is no
+separate test pass (``primaldual test RUN`` re-runs the rollouts of a checkpoint).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from ...encoder import ACTIVATIONS
 from ...options import check_bool, check_choice, check_int, check_number
 from ...train.config import ConfigError, RunConfig
 from ...train.validate import path_part, peer_attention
-from ..base import Task, register_task
+from ..base import Task, data_info, register_task
 from ..checks import check_init
+from ..protocols import Protocol
 
-__all__ = ["OfflineRLTask"]
+__all__ = ["FINAL", "OfflineRLTask"]
+
+FINAL = Protocol(
+    "heldout",  # the config's name for it (frozen configs say ``protocol: heldout``)
+    "final checkpoint (nothing is selected on the rollouts)",
+    "val",
+    select_on="last",
+    test_once=False,
+)
 
 
 @register_task("offline_rl")
@@ -29,10 +39,7 @@ class OfflineRLTask(Task):
     model_kinds = ("dt", "hf_dt")
     causal = True
     sections = ("rl",)
-    compiles = True
-    lightning = False
-    # what the loop implements of trainer.precision (anything else would be silently ignored: refused instead)
-    precisions = ("32-true", "32", 32, "bf16-mixed")
+    example_splits = False  # evaluated by rollouts
     keys = (("model", "activation"), ("model", "attn_drop"), ("model", "ffn_drop"), ("model", "init"))
 
     def check(self, cfg: RunConfig) -> None:
@@ -65,23 +72,12 @@ class OfflineRLTask(Task):
         check_int("rl.eval_episodes", r.eval_episodes, low=1)
         check_int("rl.eval_seed", r.eval_seed, low=0)
         check_bool("rl.action_tanh", r.action_tanh)
-        t, d = cfg.trainer, RunConfig().trainer
-        if not any(type(t.precision) is type(p) and t.precision == p for p in self.precisions):
-            raise ConfigError(
-                f"trainer.precision: the offline-RL loop trains in 32-true or bf16-mixed (autocast), got {t.precision!r}"
-            )
         d_default = RunConfig().data
-        for key in ("eval_batch_size", "num_workers"):  # the loop batches in-process and evaluates by rollouts
+        for key in ("eval_batch_size", "num_workers"):  # batches are built in-process; evaluation is by rollouts
             if getattr(cfg.data, key) != getattr(d_default, key):
                 raise ConfigError(
-                    f"data.{key}: the offline-RL loop draws its batches in-process and evaluates by rollouts; it does "
+                    f"data.{key}: offline RL builds its batches in-process and evaluates by rollouts; it does "
                     f"not use {key} (leave it at {getattr(d_default, key)!r})"
-                )
-        for key in ("accumulate_grad_batches", "strategy", "devices", "num_nodes"):
-            if getattr(t, key) != getattr(d, key):
-                raise ConfigError(
-                    f"trainer.{key}: the offline-RL loop runs one process on one device without accumulation; it "
-                    f"does not use {key} (leave it at {getattr(d, key)!r})"
                 )
         t_r = r.target_returns
         if t_r is not None and not (
@@ -91,6 +87,81 @@ class OfflineRLTask(Task):
         ):
             raise ConfigError(f"rl.target_returns: expected null or a list of numbers, got {t_r!r}")
 
+    def protocol(self, name: str) -> Protocol:
+        return FINAL
+
+    def history_metrics(self, cfg: RunConfig) -> tuple[str, ...]:
+        from .training import ROLLOUT_METRICS
+
+        return tuple(f"target{t:g}/{k}" for t in _targets(cfg) for k in ROLLOUT_METRICS)
+
+    # --- building ----------------------------------------------------------------------------------------------
+    def datamodule(self, cfg: RunConfig) -> Any:
+        from .data import RLDataModule
+
+        return RLDataModule(cfg)
+
+    def model(self, cfg: RunConfig, dm: Any) -> Any:
+        from .training import build_dt
+
+        return build_dt(cfg, dm.state_dim, dm.act_dim)
+
+    def module(self, cfg: RunConfig, dm: Any) -> Any:
+        from .training import DTModule
+
+        return DTModule(self.model(cfg, dm), cfg, dm.env, _targets(cfg), dm.state_mean, dm.state_std, dm.act_dim)
+
+    def example_inputs(self, dm: Any) -> list[Any]:
+        return dm.example_inputs()
+
+    def describe_data(self, cfg: RunConfig, dm: Any) -> str:
+        label = dm.meta.get("label", "D4RL layout")
+        return (
+            f"{cfg.data.name} ({dm.transitions} transitions, {len(dm.windows.trajectories)} trajectories; {label}); "
+            f"evaluation: {cfg.rl.eval_episodes} episodes x targets {_targets(cfg)}"
+        )
+
+    # --- results -----------------------------------------------------------------------------------------------
+    def results(
+        self, cfg: RunConfig, dm: Any, module: Any, protocol: Protocol, best: dict[str, Any], test: dict | None
+    ) -> dict[str, Any]:
+        from .data import behaviour_score
+
+        targets = module.targets
+        final = {k[len("val/") :]: v for k, v in best.items() if k.startswith("val/target")}
+        for tag, scores in module.last_scores.items():
+            final[f"{tag}/normalized_scores"] = scores
+        first = f"target{targets[0]:g}"
+        return {
+            "data_label": dm.meta.get("label", "D4RL layout (no metadata.json)"),
+            "data_file": str(dm.path),
+            "data": data_info(dm.windows),
+            "reported_checkpoint": f"final (step {best['step']}); no checkpoint is selected on the rollouts",
+            "eval_episodes": cfg.rl.eval_episodes,
+            "eval_seeds": f"{cfg.rl.eval_seed} + i",
+            "max_ep_len": cfg.rl.max_ep_len,
+            "target_returns": targets,
+            "final": final,
+            "normalized_score_mean": final[f"{first}/normalized_score_mean"],
+            "normalized_score_std": final[f"{first}/normalized_score_std"],
+            "normalized_score_target": targets[0],
+            "best_target_normalized_score_mean": max(final[f"target{t:g}/normalized_score_mean"] for t in targets),
+            "behaviour_policy": behaviour_score(dm.meta, dm.kind),
+            "state_mean": [float(x) for x in dm.state_mean],
+            "state_std": [float(x) for x in dm.state_std],
+        }
+
+    def report(self, cfg: RunConfig, summary: dict[str, Any], protocol: Protocol) -> str:
+        b = summary["behaviour_policy"]
+        return (
+            f"\n{cfg.data.name} {cfg.name} [final checkpoint, step {summary['steps']}]: normalised score "
+            f"{summary['normalized_score_mean']:.1f} +- {summary['normalized_score_std']:.1f} at target "
+            f"{summary['normalized_score_target']:g} ({cfg.rl.eval_episodes} episodes)"
+            + (f"; behaviour policy {b['normalized_score_mean']:.1f}" if b else "")
+            + f"\nrun directory: {summary['run_dir']} (config.yaml, history.csv, checkpoints/, summary.json)"
+        )
+
+    # --- the seeds table ---------------------------------------------------------------------------------------
     table_title = "D4RL normalised score"
 
     def table_value(self, summary: dict[str, Any]) -> float:
@@ -105,7 +176,10 @@ class OfflineRLTask(Task):
             f"{d}: behaviour policy normalised score {b['normalized_score_mean']:.2f}" for d, b in behaviour.items()
         ]
 
-    def fit(self, cfg: RunConfig, run_dir: Path, *, fresh: bool = False, verbose: bool = True) -> dict[str, Any]:
-        from .fit import fit_rl
 
-        return fit_rl(cfg, run_dir, fresh=fresh, verbose=verbose)
+def _targets(cfg: RunConfig) -> list[float]:
+    """``rl.target_returns``, else the environment's reference targets."""
+    from ...rl.evaluate import TARGET_RETURNS
+    from .data import env_kind
+
+    return [float(t) for t in (cfg.rl.target_returns or TARGET_RETURNS[env_kind(cfg.data.name)[0]])]
