@@ -44,6 +44,17 @@ def test_an_installed_task_is_found_by_name(site):
     assert "task: toy_parity" in r.stdout
 
 
+def test_an_installed_task_adds_its_config_key(site):
+    r = _run(site, "fit", "--config", "toy.yaml", "--data.features", "5", "--print-config")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "features: 5" in r.stdout and "features: 3" not in r.stdout
+    r = _run(site, "fit", "--config", "toy.yaml", "--data.features", "'5'", "--print-config")  # the task checks it
+    assert r.returncode == 2 and "data.features: expected an int >= 1, got '5'" in r.stderr, r.stderr[-2000:]
+    # the key is the plugin task's: unknown in a built-in task's config (which loads no plugin to say whose it is)
+    r = _run(site, "fit", "--config", "uea/default", "--data.features", "5", "--print-config")
+    assert r.returncode == 2 and "unknown config key 'data.features'" in r.stderr, r.stderr[-2000:]
+
+
 def test_an_installed_data_source_fetches(site):
     r = _run(site, "data", "fetch", "counting")
     assert r.returncode == 0, r.stderr[-2000:]

@@ -19,6 +19,7 @@ file (``docs/architecture.md``, "Add a task").
 from __future__ import annotations
 
 import importlib
+from dataclasses import fields
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,9 @@ if TYPE_CHECKING:
 __all__ = ["Task", "get_protocol", "get_task", "list_tasks", "register_task"]
 
 _REGISTRY: dict[str, Task] = {}
+#: the sections every task's run config has (:mod:`primaldual.train.schema`); a task adds keys to them or sections of
+#: its own (:attr:`Task.config`)
+COMMON_SECTIONS = ("data", "model", "optim", "schedule", "trainer")
 # the built-in tasks: name -> the module that registers it, imported on first use by name (as a plugin's entry point
 # is), so the registry imports no task and importing primaldual.tasks stays cheap
 _BUILTIN = {
@@ -57,9 +61,13 @@ class Task:
         causal: every attention layer is causal (the config must not set ``causal`` itself).
         step_based: the run is counted in optimiser steps (``trainer.max_steps > 0`` required); else epochs.
         protocols: the ``protocol`` values it accepts.
-        sections: config sections only this task reads (at their defaults in every other task's configs).
-        keys: ``(section, key)`` pairs only some tasks read, this one among them; likewise refused elsewhere, and
-            checked by this task's :meth:`check` (:mod:`primaldual.tasks.checks` has the shared checks).
+        config: what the task adds to the run config: ``{section: dataclass}`` for a section of its own (offline
+            RL's ``rl``) or for keys it adds to one of :data:`COMMON_SECTIONS` (a plugin's ``data.my_key``); the
+            fields' defaults are the keys' defaults. A key no declaration covers is unknown in the task's configs.
+        sections: config sections of the common schema only this task reads (at their defaults elsewhere).
+        keys: ``(section, key)`` pairs of the common schema only some tasks read, this one among them; likewise
+            refused elsewhere, and checked by this task's :meth:`check` (:mod:`primaldual.tasks.checks` has the
+            shared checks).
         compiles: whether ``trainer.compile`` applies.
         example_splits: the data module's ``datasets`` hold the examples of each split (``analyze`` and ``bench
             steps`` feed them to the model); ``False`` for data evaluated otherwise (offline RL: rollouts).
@@ -73,6 +81,7 @@ class Task:
     causal: bool = False
     step_based: bool = True
     protocols: tuple[str, ...] = ("heldout",)
+    config: dict[str, type] = {}
     sections: tuple[str, ...] = ()
     keys: tuple[tuple[str, str], ...] = ()
     compiles: bool = True
@@ -228,6 +237,10 @@ def exclusive_keys(task: str | None = None) -> dict[tuple[str, str | None], set[
             owners.setdefault((section, None), set()).add(name)
         for key in t.keys:
             owners.setdefault(key, set()).add(name)
+        for section, cls in t.config.items():
+            own = [(section, f.name) for f in fields(cls)] if section in COMMON_SECTIONS else [(section, None)]
+            for key in own:
+                owners.setdefault(key, set()).add(name)
     return owners
 
 

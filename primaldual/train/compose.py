@@ -154,13 +154,16 @@ class _Composer:
 
     def __init__(self, search: SearchPath, check: Callable[..., None]) -> None:
         self.search, self.check, self.sources, self.named = search, check, [], False
+        self.files: list[tuple[dict[str, Any], Path, tuple[str, ...], bool]] = []  # for the keys check, once composed
 
     def file(self, path: Path, stack: tuple[str, ...], maps: tuple[str, ...] = ()) -> DictConfig:
         """A file's values merged over its ``defaults`` (recursively)."""
         key = self.search.show(path)
         stack = _enter(key, stack)
         raw = read(path)
-        self.check(raw, path, maps, self.search.is_fragment(path))
+        fragment = self.search.is_fragment(path)
+        self.check(raw, path, maps, fragment, None)  # shapes now; keys once the task is known
+        self.files.append((dict(raw), path, maps, fragment))
         if len(stack) == 1:
             if not raw:  # a full default run (width 512, 100 epochs) is never what an empty file meant
                 raise ComposeError(f"{path}: empty (no keys); a config sets its task, or builds on one with defaults")
@@ -236,10 +239,12 @@ def compose(
     search: SearchPath,
     check: Callable[..., None],
     overrides: Iterable[tuple[str, Any]] = (),
-    known: Callable[[str], bool] = lambda key: True,
+    known: Callable[[str, Any], bool] = lambda key, task: True,
 ) -> Composition:
-    """Merged, resolved values of a config file or name. ``overrides``: ``(dotted key, value)`` pairs set before
-    references are resolved, for the keys ``known`` accepts (the rest are the caller's to report)."""
+    """Merged, resolved values of a config file or name. ``check(values, path, maps, fragment, task)`` checks one
+    file: its shapes while merging (``task`` None), then its keys against the composed config's ``task``.
+    ``overrides``: ``(dotted key, value)`` pairs set before references are resolved, for the keys ``known(key,
+    task)`` accepts (the rest are the caller's to report)."""
     target = lookup(spec, search)
     if target is None:
         raise not_found(spec, search)
@@ -256,8 +261,9 @@ def compose(
         if not composer.named:  # a file's run name defaults to its stem
             values["name"] = target.stem
     origin = f"{label} (from {', '.join(composer.sources)})" if len(composer.sources) > 1 else label
+    task = dict(overrides).get("task", values.get("task"))
     for key, value in overrides:
-        if known(key):
+        if known(key, task):
             _set(values, key.split("."), value)
     missing = "no value given (??? marks a value a task or model file must set)"
     try:
@@ -270,6 +276,8 @@ def compose(
     plain.pop("vars", None)
     if (at := _find_missing(plain)) is not None:
         raise ComposeError(f"{origin}: {at}: {missing}")
+    for raw, path, maps, fragment in composer.files:
+        check(raw, path, maps, fragment, plain.get("task"))
     return Composition(plain, composer.sources, origin)
 
 

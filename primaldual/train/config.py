@@ -29,19 +29,9 @@ from ..tasks.base import exclusive_keys
 from ..utils.errors import ConfigError
 from .compose import BUDGETS, MODELS, PLAN_KEYS, Composed, ComposeError, SearchPath, compose, lookup, not_found
 from .compose import TASKS as TASK_FOLDER
-from .schema import (
-    SECTIONS,
-    AugmentConfig,
-    DataConfig,
-    ModelConfig,
-    OptimConfig,
-    RLConfig,
-    RunConfig,
-    ScheduleConfig,
-    TrainerConfig,
-)
-from .validate import check_file, validate_config
-from .yaml_values import override_value, yaml_hint
+from .schema import DataConfig, ModelConfig, OptimConfig, RunConfig, ScheduleConfig, TrainerConfig, config_class
+from .validate import check_file, unknown_key, validate_config
+from .yaml_values import override_value
 
 __all__ = [
     "parse_overrides",
@@ -49,8 +39,6 @@ __all__ = [
     "DataConfig",
     "ModelConfig",
     "OptimConfig",
-    "AugmentConfig",
-    "RLConfig",
     "RunConfig",
     "ScheduleConfig",
     "TrainerConfig",
@@ -64,21 +52,19 @@ __all__ = [
 ]
 
 
-def _build(cls: type, values: dict[str, Any], where: str) -> Any:
+def _build(cls: type, values: dict[str, Any], where: str = "", task: Any = None) -> Any:
+    """``cls`` (a run config class, or a section's at ``where``) from plain values; unknown keys are errors."""
     if not isinstance(values, dict):
         raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(values).__name__}")
+    if not where:
+        task = values.get("task", RunConfig.task)
+        cls = config_class(task)  # the common sections plus the task's own keys
     valid = {f.name for f in fields(cls)}
     for key in values:
         if key not in valid:
-            full = f"{where}.{key}" if where else key
-            raise ConfigError(f"unknown config key {full!r}{yaml_hint(key)}; valid keys here: {sorted(valid)}")
-    kwargs = {}
-    for key, value in values.items():
-        if key in SECTIONS and not where:
-            kwargs[key] = _build(SECTIONS[key], value or {}, key)
-        else:
-            kwargs[key] = value
-    return cls(**kwargs)
+            raise ConfigError(unknown_key(f"{where}.{key}" if where else key, task, valid))
+    sections = cls.sections if not where else {}
+    return cls(**{k: _build(sections[k], v or {}, k, task) if k in sections else v for k, v in values.items()})
 
 
 def search_path(config_dir: str | os.PathLike | None = None) -> list[Path]:
@@ -114,9 +100,12 @@ def _expand_plan(model: dict[str, Any]) -> None:
         raise ConfigError(f"model.plan {plan!r}: {e}") from None
 
 
-def _known_key(key: str) -> bool:
-    """Whether dotted ``key`` is a key of the run config (the rest is reported by :func:`apply_overrides`)."""
-    node: Any = RunConfig().to_dict()
+def _known_key(key: str, task: Any = None) -> bool:
+    """Whether dotted ``key`` is a key of ``task``'s run config (the rest is reported by :func:`apply_overrides`)."""
+    try:
+        node: Any = config_class(task if task is not None else RunConfig.task)().to_dict()
+    except ConfigError:  # an unknown task: reported when the config is built
+        return False
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
             return False
@@ -197,10 +186,10 @@ def load_config(
         # --attention switch, unknown keys to report) on the built config
         c = _compose(str(spec), pairs, config_dir)
         try:
-            cfg = _build(RunConfig, c.values, "")
+            cfg = _build(RunConfig, c.values)
         except (ConfigError, TypeError) as e:
             raise ConfigError(f"{c.origin}: {e}") from None
-        rest = [(k, v) for k, v in pairs if not _known_key(k)]
+        rest = [(k, v) for k, v in pairs if not _known_key(k, dict(pairs).get("task", c.values.get("task")))]
     return validate_config(_apply(cfg, rest))
 
 
@@ -213,6 +202,15 @@ def _apply(cfg: RunConfig, pairs: list[tuple[str, Any]]) -> RunConfig:
     if not pairs:
         return cfg
     d = cfg.to_dict()
+    if (task := dict(pairs).get("task", d["task"])) != d["task"]:
+        # another task: the old one's own keys go where they are at their defaults, the new one's come in at theirs
+        type(cfg).drop_own_defaults(d)
+        new = config_class(task)().to_dict()
+        for section, key in config_class(task).added:
+            if key is None:
+                d.setdefault(section, new[section])
+            else:
+                d[section].setdefault(key, new[section][key])
     for key, value in pairs:
         if key == "attention":  # the one-flag switch to any registered mechanism
             d["model"]["attention"], d["model"]["attention_options"] = value, None
@@ -221,13 +219,13 @@ def _apply(cfg: RunConfig, pairs: list[tuple[str, Any]]) -> RunConfig:
         node, parts = d, key.split(".")
         for part in parts[:-1]:
             if not isinstance(node.get(part), dict):
-                raise ConfigError(f"unknown config key {key!r} (from --{key}): {part!r} is not a section")
+                raise ConfigError(unknown_key(key, d["task"], node, f" (from --{key}: {part!r} is not a section)"))
             node = node[part]
         if parts[-1] not in node:
-            raise ConfigError(f"unknown config key {key!r} (from --{key}); valid keys here: {sorted(node)}")
+            raise ConfigError(unknown_key(key, d["task"], node, f" (from --{key})"))
         node[parts[-1]] = value
     try:
-        return _build(RunConfig, d, "")
+        return _build(RunConfig, d)
     except (ConfigError, TypeError) as e:
         raise ConfigError(str(e)) from None
 
@@ -237,7 +235,7 @@ def dump_config(cfg: RunConfig) -> str:
     are left out when at their defaults (and ``trainer.compile`` when off), so the stored configs of earlier runs
     read as they always did (and still resume)."""
     d = cfg.to_dict()
-    defaults = RunConfig().to_dict()
+    defaults = type(cfg)().to_dict()
     if not cfg.trainer.compile:
         d["trainer"].pop("compile")
     if cfg.trainer.logger == "csv":
@@ -245,8 +243,8 @@ def dump_config(cfg: RunConfig) -> str:
     for (section, key), owners in exclusive_keys(cfg.task).items():
         if cfg.task in owners:
             continue
-        if key is None and d[section] == defaults[section]:
+        if key is None and section in d and d[section] == defaults[section]:
             d.pop(section)
-        elif key is not None and section in d and d[section][key] == defaults[section][key]:
+        elif key is not None and key in d.get(section, ()) and d[section][key] == defaults[section][key]:
             d[section].pop(key)
     return yaml.safe_dump(d, sort_keys=False)

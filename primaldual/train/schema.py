@@ -1,31 +1,31 @@
 """The run config's schema: one plain dataclass per section, and :class:`RunConfig` with its fingerprint.
 
-Sections: ``data``, ``model``, ``optim``, ``schedule``, ``trainer``, and ``rl`` / ``augment``, read only by the
-tasks that declare them (:attr:`primaldual.tasks.Task.sections`). What each key means for a task is documented
-with the task (:mod:`primaldual.tasks`) and in ``docs/configs.md``. Loading: :mod:`primaldual.train.config`;
-value checks: :mod:`primaldual.train.validate`.
+The common sections: ``data``, ``model``, ``optim``, ``schedule``, ``trainer``. A task adds its own sections, or
+keys to a common section, by declaring dataclasses in :attr:`primaldual.tasks.Task.config` (offline RL's ``rl``,
+vision's ``augment``, a plugin's keys): :func:`config_class` is the run config of one task, and a key the task does
+not declare is unknown there. What each key means for a task is documented with the task (:mod:`primaldual.tasks`)
+and in ``docs/configs.md``. Loading: :mod:`primaldual.train.config`; value checks: :mod:`primaldual.train.validate`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, fields, make_dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, make_dataclass
+from functools import cache
+from typing import Any, ClassVar
 
-from ..data.augment import AugmentSettings
-from ..tasks.base import get_task
+from ..tasks.base import COMMON_SECTIONS, Task, get_task
 
 __all__ = [
     "SECTIONS",
-    "AugmentConfig",
     "DataConfig",
     "ModelConfig",
     "OptimConfig",
-    "RLConfig",
     "RunConfig",
     "ScheduleConfig",
     "TrainerConfig",
+    "config_class",
 ]
 
 
@@ -175,46 +175,6 @@ class TrainerConfig:
 
 
 @dataclass
-class RLConfig:
-    """Offline RL (task ``offline_rl``, see :mod:`primaldual.train.rl`): the Decision Transformer's episode and
-    rollout settings. ``max_ep_len``: the model's timestep table and the rollouts' episode cap; ``return_scale``:
-    returns-to-go are divided by it; ``target_returns``: the returns the periodic evaluation conditions on (None:
-    the reference targets of the environment, e.g. Hopper 3600 / 1800); ``eval_episodes`` per target, seeded
-    ``eval_seed + i``; ``action_tanh``: tanh on the predicted actions. The context K is ``data.max_len``."""
-
-    max_ep_len: int = 1000
-    return_scale: float = 1000.0
-    target_returns: Any = None
-    eval_episodes: int = 10
-    eval_seed: int = 0
-    action_tanh: bool = True
-
-
-def _augment_settings(section: Any) -> Any:
-    """The validated :class:`~primaldual.data.augment.AugmentSettings` of an ``augment`` section."""
-    return AugmentSettings(**{f.name: getattr(section, f.name) for f in fields(AugmentSettings)})
-
-
-# The ``augment`` section: AugmentSettings' fields, defaults (pairs as YAML lists) and checks, but mutable like the
-# other sections, so that overrides and the YAML round trip treat it as they treat them.
-AugmentConfig = make_dataclass(
-    "AugmentConfig",
-    [
-        (f.name, Any, field(default_factory=lambda v=f.default: list(v) if isinstance(v, tuple) else v))
-        for f in fields(AugmentSettings)
-    ],
-    namespace={"settings": _augment_settings, "__module__": __name__},
-)
-AugmentConfig.__doc__ = """Training-time augmentation of task ``vision`` (DeiT's recipe, :mod:`primaldual.data.augment`), applied to each
-    training batch; the defaults switch everything off. ``crop_scale``: random resized crop area range (null: no
-    crop, the centre ``image_size`` square); ``crop_ratio``: its aspect range; ``hflip``: horizontal flip
-    probability; ``randaugment_ops`` (0: off), ``randaugment_magnitude``, ``randaugment_magnitude_std``: timm's
-    ``rand-m9-mstd0.5-inc1`` with the subset of operations the module lists; ``erasing``: random-erasing
-    probability; ``mixup_alpha`` / ``cutmix_alpha`` (0: off), ``mix_prob``, ``mix_switch_prob``: timm's batch
-    mixup / cutmix; ``label_smoothing``."""
-
-
-@dataclass
 class RunConfig:
     """One training run. ``name`` names the run directory; ``protocol`` is ``heldout`` or ``paper``."""
 
@@ -227,8 +187,11 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    rl: RLConfig = field(default_factory=RLConfig)
-    augment: AugmentConfig = field(default_factory=AugmentConfig)
+
+    # the section classes (the task's own and extended ones in a task's class), and the (section, key or None for
+    # the whole section) the task adds: those enter the fingerprint only when they differ from their default
+    sections: ClassVar[dict[str, type]] = {}
+    added: ClassVar[tuple[tuple[str, str | None], ...]] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -243,17 +206,26 @@ class RunConfig:
         d["trainer"].pop("enable_progress_bar")
         d["trainer"].pop("compile")  # how the run executes, not what it computes (a resume may switch it)
         d["trainer"].pop("logger")
-        defaults = RunConfig().to_dict()
+        defaults = type(self)().to_dict()
         for section, key in _ADDED_KEYS:
             node, ref = (d, defaults) if section is None else (d[section], defaults[section])
             if node.get(key) == ref.get(key):
                 node.pop(key, None)
         if d["schedule"] == defaults["schedule"]:
             d.pop("schedule")
-        for section in ("rl", "augment"):
-            if d[section] == defaults[section]:
-                d.pop(section)
+        type(self).drop_own_defaults(d)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
+
+    @classmethod
+    def drop_own_defaults(cls, d: dict[str, Any]) -> dict[str, Any]:
+        """Remove from ``d`` (a :meth:`to_dict`) the task's own keys and sections that are at their defaults."""
+        defaults = cls().to_dict()
+        for section, key in cls.added:
+            node, ref = (d, defaults) if key is None else (d.get(section, {}), defaults[section])
+            name = section if key is None else key
+            if name in node and node[name] == ref[name]:
+                node.pop(name)
+        return d
 
     @property
     def step_based(self) -> bool:
@@ -279,6 +251,34 @@ SECTIONS = {
     "optim": OptimConfig,
     "schedule": ScheduleConfig,
     "trainer": TrainerConfig,
-    "rl": RLConfig,
-    "augment": AugmentConfig,
 }
+RunConfig.sections = SECTIONS
+assert tuple(SECTIONS) == COMMON_SECTIONS
+
+
+def config_class(task: Any) -> type[RunConfig]:
+    """The run config class of ``task`` (a name): :class:`RunConfig` with the sections and keys the task declares in
+    :attr:`~primaldual.tasks.Task.config`; :class:`~primaldual.utils.errors.ConfigError` for an unknown task."""
+    return _task_class(get_task(task))
+
+
+@cache  # one class per registered task object
+def _task_class(task: Task) -> type[RunConfig]:
+    if not task.config:
+        return RunConfig
+    sections, new, added = dict(SECTIONS), [], []
+    for name, cls in task.config.items():
+        if not (isinstance(name, str) and is_dataclass(cls) and isinstance(cls, type)):
+            raise TypeError(f"task {task.name!r}: config maps a section name to a dataclass, got {name!r}: {cls!r}")
+        base = SECTIONS.get(name)
+        if base is None:  # a section of its own
+            added.append((name, None))
+        else:  # keys added to a common section
+            if clash := sorted({f.name for f in fields(cls)} & {f.name for f in fields(base)}):
+                raise ValueError(f"task {task.name!r}: {name}.{clash[0]} is a common key; a task adds keys only")
+            cls = make_dataclass(f"{base.__name__}_{task.name}", [], bases=(cls, base))
+            added += [(name, f.name) for f in fields(cls) if f.name not in {g.name for g in fields(base)}]
+        sections[name] = cls
+        new.append((name, cls, field(default_factory=cls)))
+    namespace = {"sections": sections, "added": tuple(added)}
+    return make_dataclass(f"RunConfig_{task.name}", new, bases=(RunConfig,), namespace=namespace)

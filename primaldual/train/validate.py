@@ -18,7 +18,7 @@ from ..options import check_bool, check_choice, check_int, check_number
 from ..tasks.base import exclusive_keys, get_task
 from ..utils.errors import ConfigError
 from .compose import PLAN_KEYS
-from .schema import SECTIONS, ModelConfig, RunConfig
+from .schema import SECTIONS, ModelConfig, RunConfig, config_class
 from .yaml_values import yaml_hint
 
 __all__ = [
@@ -236,10 +236,14 @@ def _validate_config(cfg: RunConfig) -> None:
 
 def _validate_exclusive(cfg: RunConfig) -> None:
     """Sections and keys that only some tasks read stay at their defaults in every other task's config."""
-    defaults = RunConfig()
+    defaults = type(cfg)()
     for (section, key), owners in exclusive_keys(cfg.task).items():
-        if cfg.task in owners:
-            continue
+        if (
+            cfg.task in owners
+            or section not in cfg.sections
+            or not (key is None or hasattr(getattr(cfg, section), key))
+        ):
+            continue  # the task's own, or not in its schema at all (then unknown there)
         value, default = getattr(cfg, section), getattr(defaults, section)
         if key is not None:
             value, default = getattr(value, key), getattr(default, key)
@@ -343,36 +347,60 @@ def check_machine(cfg: RunConfig) -> None:
         raise ConfigError(f"trainer.devices: {devices} {acc} devices requested, but this machine has {count}")
 
 
-def check_file(values: dict[str, Any], path: Path, maps: tuple[str, ...], fragment: bool, entry: str = "") -> None:
-    """Unknown keys, wrong shapes and misplaced composition keys of one file (``maps``: the per-model / per-budget
-    maps a task file may hold; checked again, entry by entry)."""
-    top = {f.name for f in fields(RunConfig)} | {"vars"} | ({"defaults", *maps} if not entry else set())
+def check_file(
+    values: dict[str, Any], path: Path, maps: tuple[str, ...], fragment: bool, task: Any = None, entry: str = ""
+) -> None:
+    """One config file: its shapes and misplaced composition keys, and, with ``task`` (the composed config's), its
+    keys against that task's schema (the common sections plus what the task adds), each unknown key named with the
+    file (``maps``: the per-model / per-budget maps a task file may hold; checked again, entry by entry)."""
+    schema = config_class(task) if task is not None else None
+    sections = schema.sections if schema is not None else SECTIONS
+    top = {f.name for f in fields(schema or RunConfig)} | {"vars"} | ({"defaults", *maps} if not entry else set())
     if fragment:
         top.discard("name")  # the run name comes from the config's own file or name, never from a fragment
     for key, value in values.items():
         full = f"{entry}{key}"
-        if key not in top:
-            extra = " (a fragment cannot set the run name)" if key == "name" and fragment else ""
-            raise ConfigError(f"{path}: unknown config key {full!r}{extra}; valid keys here: {sorted(top)}")
-        if key in SECTIONS and value is not None:
+        if key == "name" and fragment:
+            raise ConfigError(f"{path}: unknown config key {full!r} (a fragment cannot set the run name)")
+        if schema is not None and key not in top:
+            raise ConfigError(f"{path}: {unknown_key(key, task, top, shown=full)}")
+        if key in sections and value is not None:
             if not isinstance(value, dict):
                 raise ConfigError(f"{path}: {full}: expected a mapping, got {type(value).__name__}")
-            valid = {f.name for f in fields(SECTIONS[key])} | (set(PLAN_KEYS) if key == "model" else set())
-            for k in value:
+            valid = {f.name for f in fields(sections[key])} | (set(PLAN_KEYS) if key == "model" else set())
+            for k in value if schema is not None else ():
                 if k not in valid:
-                    raise ConfigError(f"{path}: unknown config key '{full}.{k}'; valid keys here: {sorted(valid)}")
+                    raise ConfigError(f"{path}: {unknown_key(f'{key}.{k}', task, valid, shown=f'{full}.{k}')}")
             if key == "model" and "plan" in value and ({"attention", "attention_options"} & set(value)):
                 raise ConfigError(
                     f"{path}: {full}: set either plan (which writes attention and attention_options) or attention"
                 )
         elif key == "vars" and not isinstance(value, dict):
             raise ConfigError(f"{path}: {full}: expected a mapping of values to reference as ${{vars...}}")
-        elif key == "defaults" and not (isinstance(value, list) and all(isinstance(x, str) for x in value)):
+        elif (
+            key == "defaults" and not entry and not (isinstance(value, list) and all(isinstance(x, str) for x in value))
+        ):
             raise ConfigError(f"{path}: defaults: expected a list of config names or .yaml paths, got {value!r}")
-        elif key in maps:
+        elif key in maps and not entry:
             if not isinstance(value, dict):
                 raise ConfigError(f"{path}: {full}: expected a mapping of {key[:-1]} name -> values")
             for name, sub in value.items():
                 if sub is not None and not isinstance(sub, dict):
                     raise ConfigError(f"{path}: {full}.{name}: expected a mapping, got {type(sub).__name__}")
-                check_file(sub or {}, path, (), fragment, entry=f"{full}.{name}.")
+                check_file(sub or {}, path, (), fragment, task, entry=f"{full}.{name}.")
+
+
+def unknown_key(full: str, task: Any, valid: Any, note: str = "", shown: str | None = None) -> str:
+    """The message for dotted key ``full`` (``section.key``), which ``task``'s schema lacks: the task(s) that own it,
+    or the valid keys (``note``: said after the key; ``shown``: the key as the message names it)."""
+    section, _, key = full.partition(".")
+    try:
+        owners = exclusive_keys(task)
+    except ConfigError:  # an unknown task is reported on its own
+        owners = {}
+    shown = shown or full
+    whole = shown[: len(shown) - len(full) + len(section)]
+    for what, who in ((whole, owners.get((section, None))), (shown, owners.get((section, key or None)))):
+        if who and task not in who:
+            return f"{what}: only task {' / '.join(repr(o) for o in sorted(who))} uses it, not task {task!r}"
+    return f"unknown config key {shown!r}{note}{yaml_hint(full.rpartition('.')[2])}; valid keys here: {sorted(valid)}"

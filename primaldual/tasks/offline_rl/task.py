@@ -22,6 +22,7 @@ from ...train.validate import path_part, peer_attention
 from ..base import Task, data_info, register_task
 from ..checks import check_init
 from ..protocols import Protocol
+from .config import RLConfig
 
 __all__ = ["FINAL", "OfflineRLTask"]
 
@@ -38,7 +39,7 @@ FINAL = Protocol(
 class OfflineRLTask(Task):
     model_kinds = ("dt", "hf_dt")
     causal = True
-    sections = ("rl",)
+    config = {"rl": RLConfig}
     example_splits = False  # evaluated by rollouts
     keys = (("model", "activation"), ("model", "attn_drop"), ("model", "ffn_drop"), ("model", "init"))
 

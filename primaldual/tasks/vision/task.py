@@ -17,6 +17,7 @@ from ..base import register_task
 from ..checks import check_num_classes, check_val_fraction, check_val_size
 from ..classification import ClassificationTask
 from . import VISION_IDX_DATASETS
+from .config import AugmentConfig
 
 __all__ = ["VisionTask"]
 
@@ -24,7 +25,7 @@ __all__ = ["VisionTask"]
 @register_task("vision")
 class VisionTask(ClassificationTask):
     model_kinds = ("vit",)
-    sections = ("augment",)
+    config = {"augment": AugmentConfig}
     majority_baseline = True
     keys = (
         ("data", "image_size"),

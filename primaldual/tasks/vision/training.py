@@ -35,10 +35,11 @@ from torch.utils.data import Subset
 from ...aux_loss import collect_aux_loss
 from ...data.cache import MissingDataError
 from ...data.splits import stratified_split
-from ...train.config import AugmentConfig, ConfigError, OptimConfig, ScheduleConfig
+from ...train.config import ConfigError, OptimConfig, ScheduleConfig
 from ...train.datamodule import SplitDataModule
 from ...train.module import ClassificationModule, build_optimizer
 from . import VISION_IDX_DATASETS
+from .config import AugmentConfig
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "VisionDataModule", "VisionModule"]
 
