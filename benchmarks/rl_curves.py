@@ -32,6 +32,7 @@ def _read(run: Path) -> tuple[str, str, dict[str, dict[int, float]], float | Non
     with open(run / "history.csv", newline="") as f:
         for row in csv.DictReader(f):
             for key, value in row.items():
+                key = key.removeprefix("val/")  # val/target<t>/...; runs of the old offline-RL loop: target<t>/...
                 if key.startswith("target") and key.endswith("/normalized_score_mean") and value:
                     scores[key.split("/")[0].removeprefix("target")][int(row["step"])] = float(value)
     behaviour = None

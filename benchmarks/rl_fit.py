@@ -1,17 +1,17 @@
 """How well offline-RL runs fit their data: the action MSE of each run's last checkpoint in evaluation mode.
 
-The training loop logs ``train/action_mse``, a mean over the last interval in training mode, so it moves with the
-dropout settings and with the batches of that interval. This script scores every run on the **same** windows
+A run logs ``train/action_mse`` per training step, in training mode, so it moves with the dropout settings and
+with the batches of that step. This script scores every run on the **same** windows
 (``--windows`` K-step windows of the run's dataset, drawn with seed ``--seed``, whatever the run's seed), with
 dropout off, in float32: a number that compares models and block options directly. It reads a run directory of
-``primaldual fit`` (task ``offline_rl``): ``config.yaml`` rebuilds the model (``build_dt``: our DT or the Hugging
-Face peer) and finds the data, ``checkpoints/last.ckpt`` (loaded with ``weights_only=True``) gives its weights and
-step. Run::
+``primaldual fit`` (task ``offline_rl``): :func:`~primaldual.tasks.offline_rl.training.load_policy` rebuilds the
+model from ``config.yaml`` (our DT or the Hugging Face peer) with the weights of ``checkpoints/last.ckpt`` (read
+in the safe mode), and the config finds the data. Run::
 
     python benchmarks/rl_fit.py runs/offline_rl/* [--windows 8192] [--seed 0] [--threads 1]
 
 prints one Markdown row per run (dataset, config name, the block options, seed, step, action MSE). Hand-written: a
-few lines over this project's own run files and loop functions.
+few lines over this project's own run files and functions.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ import torch
 
 def fit_mse(run: Path, windows: int, seed: int, batch: int = 512) -> dict[str, object]:
     """The evaluation-mode action MSE of ``run``'s last checkpoint on ``windows`` windows drawn with ``seed``."""
-    from primaldual.data.d4rl import TrajectoryDataset
-    from primaldual.tasks.offline_rl import fit as T
+    from primaldual.data.d4rl import TrajectoryDataset, read_d4rl
+    from primaldual.tasks.offline_rl.data import data_file
+    from primaldual.tasks.offline_rl.training import dt_inputs, load_policy
     from primaldual.train.config import load_config
 
     ckpt = run / "checkpoints" / "last.ckpt"
@@ -35,7 +36,7 @@ def fit_mse(run: Path, windows: int, seed: int, batch: int = 512) -> dict[str, o
             raise FileNotFoundError(f"{run}: no {need.relative_to(run)} (is it a run directory of task offline_rl?)")
     cfg = load_config(run / "config.yaml")
     state = torch.load(ckpt, map_location="cpu", weights_only=True)
-    data, _, _ = T._load_data(cfg)
+    data = read_d4rl(data_file(cfg))
     ds = TrajectoryDataset(
         data, cfg.data.max_len, return_scale=cfg.rl.return_scale, max_ep_len=cfg.rl.max_ep_len, seed=seed
     )
@@ -43,14 +44,12 @@ def fit_mse(run: Path, windows: int, seed: int, batch: int = 512) -> dict[str, o
         raise ValueError(f"--windows {windows}: {run}'s dataset has {len(ds)} windows")
     ds.set_epoch(0)
     torch.manual_seed(0)  # construction draws weights that the checkpoint then replaces
-    model = T.build_dt(cfg, data.state_dim, data.act_dim)
-    model.load_state_dict(state["model"])
-    model.eval()
+    model, _, _ = load_policy(run)
     total, count = 0.0, 0
     with torch.no_grad():
         for lo in range(0, windows, batch):
             b = ds.batch(np.arange(lo, min(lo + batch, windows)))
-            pred = model(*T._inputs(b))
+            pred = model(*dt_inputs(b))
             m = b["mask"].bool()
             err = (pred.float() - b["actions"]) ** 2  # (B, K, act_dim)
             total += float(err[m].sum())
@@ -62,7 +61,7 @@ def fit_mse(run: Path, windows: int, seed: int, batch: int = 512) -> dict[str, o
         "name": cfg.name,
         "options": options,
         "seed": cfg.seed,
-        "step": int(state["step"]),
+        "step": int(state["global_step"]),
         "mse": total / count,
     }
 

@@ -61,13 +61,11 @@ class Task:
         causal: every attention layer is causal (the config must not set ``causal`` itself).
         step_based: the run is counted in optimiser steps (``trainer.max_steps > 0`` required); else epochs.
         protocols: the ``protocol`` values it accepts.
-        config: what the task adds to the run config: ``{section: dataclass}`` for a section of its own (offline
-            RL's ``rl``) or for keys it adds to one of :data:`COMMON_SECTIONS` (a plugin's ``data.my_key``); the
-            fields' defaults are the keys' defaults. A key no declaration covers is unknown in the task's configs.
-        sections: config sections of the common schema only this task reads (at their defaults elsewhere).
-        keys: ``(section, key)`` pairs of the common schema only some tasks read, this one among them; likewise
-            refused elsewhere, and checked by this task's :meth:`check` (:mod:`primaldual.tasks.checks` has the
-            shared checks).
+        config: what the task adds to the run config: ``{section: dataclass or tuple of dataclasses}`` for a section
+            of its own (offline RL's ``rl``) or for keys it adds to one of :data:`COMMON_SECTIONS` (``data.fetch``,
+            a plugin's ``data.my_key``); the fields' defaults are the keys' defaults. The task's :meth:`check` checks
+            them (:mod:`primaldual.tasks.checks` holds the keys several tasks read, and their checks). A key no task
+            declaration covers is unknown in the task's configs.
         compiles: whether ``trainer.compile`` applies.
         example_splits: the data module's ``datasets`` hold the examples of each split (``analyze`` and ``bench
             steps`` feed them to the model); ``False`` for data evaluated otherwise (offline RL: rollouts).
@@ -81,9 +79,7 @@ class Task:
     causal: bool = False
     step_based: bool = True
     protocols: tuple[str, ...] = ("heldout",)
-    config: dict[str, type] = {}
-    sections: tuple[str, ...] = ()
-    keys: tuple[tuple[str, str], ...] = ()
+    config: dict[str, Any] = {}
     compiles: bool = True
     example_splits: bool = True
     metrics: tuple[str, ...] = ("loss", "acc")
@@ -233,12 +229,13 @@ def exclusive_keys(task: str | None = None) -> dict[tuple[str, str | None], set[
     owners: dict[tuple[str, str | None], set[str]] = {}
     for name in sorted(names):
         t = _REGISTRY[name]
-        for section in t.sections:
-            owners.setdefault((section, None), set()).add(name)
-        for key in t.keys:
-            owners.setdefault(key, set()).add(name)
-        for section, cls in t.config.items():
-            own = [(section, f.name) for f in fields(cls)] if section in COMMON_SECTIONS else [(section, None)]
+        for section, given in t.config.items():
+            parts = given if isinstance(given, tuple) else (given,)
+            own = (
+                [(section, f.name) for c in parts for f in fields(c)]
+                if section in COMMON_SECTIONS
+                else [(section, None)]
+            )
             for key in own:
                 owners.setdefault(key, set()).add(name)
     return owners

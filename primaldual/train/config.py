@@ -25,12 +25,11 @@ from typing import Any
 
 import yaml
 
-from ..tasks.base import exclusive_keys
 from ..utils.errors import ConfigError
 from .compose import BUDGETS, MODELS, PLAN_KEYS, Composed, ComposeError, SearchPath, compose, lookup, not_found
 from .compose import TASKS as TASK_FOLDER
 from .schema import DataConfig, ModelConfig, OptimConfig, RunConfig, ScheduleConfig, TrainerConfig, config_class
-from .validate import check_file, unknown_key, validate_config
+from .validate import check_file, foreign_default, unknown_key, validate_config
 from .yaml_values import override_value
 
 __all__ = [
@@ -60,6 +59,8 @@ def _build(cls: type, values: dict[str, Any], where: str = "", task: Any = None)
         task = values.get("task", RunConfig.task)
         cls = config_class(task)  # the common sections plus the task's own keys
     valid = {f.name for f in fields(cls)}
+    # another task's key at its default (an older config.yaml lists them) reads as absent
+    values = {k: v for k, v in values.items() if k in valid or not foreign_default(where or k, k if where else None, v)}
     for key in values:
         if key not in valid:
             raise ConfigError(unknown_key(f"{where}.{key}" if where else key, task, valid))
@@ -231,20 +232,11 @@ def _apply(cfg: RunConfig, pairs: list[tuple[str, Any]]) -> RunConfig:
 
 
 def dump_config(cfg: RunConfig) -> str:
-    """YAML text of a resolved config (what the run directory stores). Sections and keys that only other tasks read
-    are left out when at their defaults (and ``trainer.compile`` when off), so the stored configs of earlier runs
-    read as they always did (and still resume)."""
+    """YAML text of a resolved config (what the run directory stores): the task's keys, and ``trainer.compile`` /
+    ``trainer.logger`` only when not at their defaults, so the stored configs of earlier runs read as they did."""
     d = cfg.to_dict()
-    defaults = type(cfg)().to_dict()
     if not cfg.trainer.compile:
         d["trainer"].pop("compile")
     if cfg.trainer.logger == "csv":
         d["trainer"].pop("logger")
-    for (section, key), owners in exclusive_keys(cfg.task).items():
-        if cfg.task in owners:
-            continue
-        if key is None and section in d and d[section] == defaults[section]:
-            d.pop(section)
-        elif key is not None and key in d.get(section, ()) and d[section][key] == defaults[section][key]:
-            d[section].pop(key)
     return yaml.safe_dump(d, sort_keys=False)

@@ -31,62 +31,24 @@ __all__ = [
 
 @dataclass
 class DataConfig:
-    """The dataset.
-
-    UEA: ``name`` a UEA dataset; ``root`` folder with ``<name>_TRAIN.ts`` / ``<name>_TEST.ts`` (None: the cache);
-    ``fetch`` obtains JapaneseVowels automatically when it is missing; ``val_fraction``: stratified share of TRAIN
-    held out for validation (heldout protocol; also for LRA data that ships without a validation split).
-
-    LRA (see :mod:`primaldual.tasks.lra.data`): ``name`` the dataset (e.g. ``listops``, ``imdb``,
-    ``shakespeare_genre``, ``aan``, ``fashion_mnist``, ``pathfinder32_L14``); ``max_len`` the padded length;
-    ``tokenisation`` ListOps' ``brackets`` / ``no_brackets``; ``stand_in`` the obtainable real-data stand-in that an
-    error message suggests when the named data is missing (never substituted silently); ``train_pairs`` /
-    ``eval_pairs`` pairs drawn per split by the retrieval stand-in; ``val_size``: evaluate a fixed random subset of the
-    validation split of this size (cheaper periodic evaluation; the test split is always used whole).
-
-    LM (see :mod:`primaldual.tasks.lm.training`): ``name`` one of :data:`LM_DATASETS`; ``root`` the corpus folder (None: the
-    cache); ``max_len`` the tokens per sample (contiguous, non-overlapping chunks); ``val_size`` as LRA, in chunks.
-
-    Vision (see :mod:`primaldual.tasks.vision.training`): ``name`` ``fashion_mnist`` / ``mnist`` (idx files) or any name of an
-    image-folder tree at ``root`` (``train/<class>/*``, ``val/<class>/*``, optional ``test/<class>/*``);
-    ``image_size`` the side the model sees (None: the idx images' 28; required for folders); ``crop_pct``: folders
-    are decoded at ``image_size / crop_pct`` (shorter side, centre square) and evaluated on the centre
-    ``image_size`` crop (DeiT's 256 -> 224).
-    """
+    """The dataset: ``name`` (what it means is the task's), ``root`` (its folder or file; None: the cache),
+    ``batch_size`` (per device), ``eval_batch_size``, ``num_workers`` (loader processes), ``max_len`` (the padded
+    length, tokens per sample, or the context in timesteps). Keys some tasks add: :mod:`primaldual.tasks.checks`."""
 
     name: str = "JapaneseVowels"
     root: str | None = None
-    fetch: bool = True
-    val_fraction: float = 0.2
     batch_size: int = 16
     eval_batch_size: int = 256
     num_workers: int = 0
     max_len: int | None = None
-    tokenisation: str = "brackets"
-    stand_in: str | None = None
-    train_pairs: int = 10000
-    eval_pairs: int = 2000
-    val_size: int | None = None
-    image_size: int | None = None
-    crop_pct: float = 0.875
 
 
 @dataclass
 class ModelConfig:
-    """The task model. ``kind``: ``timeseries`` (:class:`~primaldual.models.TimeSeriesClassifier`, post-LN),
-    ``sequence`` (:class:`~primaldual.models.SequenceClassifier`, LRA) or ``retrieval``
-    (:class:`~primaldual.models.RetrievalClassifier`); ``auto`` picks it from the task. ``vocab_size`` /
-    ``num_classes``: None takes them from the data (a value that disagrees with the data is an error).
-    ``norm_first``, ``positions``, ``pooling``: token models only. ``lm``: the decoder-only
-    :class:`~primaldual.models.CausalLM` (pre-LN, causal attention in every layer; ``tie_embeddings``: the output
-    layer shares the token embedding's weight). ``vit``: the
-    :class:`~primaldual.models.VisionClassifier` (pre-LN, CLS token, ``patch_size`` patches, stochastic depth
-    rising linearly to ``drop_path`` in the last block; ``patch_kernel``: the patch projection's kernel, None for
-    ``patch_size``, larger for overlapping patches; ``stem``: ``patch`` or ``conv``, a convolutional stem). ``dt``
-    (offline RL) also reads ``activation`` (the FFN's, ``gelu`` or ``relu``), ``attn_drop`` (dropout on attention
-    weights), ``ffn_drop`` (dropout on the FFN's hidden units, null: ``dropout``) and ``init`` (``pytorch`` or
-    ``gpt2``); ``activation: relu, attn_drop: 0.1, ffn_drop: 0.0, init: gpt2`` is Hugging Face's model, see
-    :class:`~primaldual.models.DecisionTransformer`."""
+    """The task model: ``kind`` (one of the task's model kinds; ``auto``: its first), the encoder's sizes,
+    ``dropout``, and the attention of every layer (``attention``: a registry name, or one per layer;
+    ``attention_options``: a mapping, or one (or null) per layer). Keys some tasks add (token models, ViT, the
+    Decision Transformer): :mod:`primaldual.tasks.checks`."""
 
     kind: str = "auto"
     dim: int = 512
@@ -96,20 +58,6 @@ class ModelConfig:
     dropout: float = 0.1
     attention: Any = "primal"  # a registry name, or one name per layer
     attention_options: Any = None  # a dict, or one dict (or null) per layer
-    vocab_size: int | None = None
-    num_classes: int | None = None
-    norm_first: bool = True
-    positions: str = "learned"
-    pooling: str = "mean"
-    tie_embeddings: bool = True
-    patch_size: int = 16
-    drop_path: float = 0.0
-    patch_kernel: int | None = None
-    stem: str = "patch"
-    activation: str = "gelu"
-    attn_drop: float = 0.0
-    ffn_drop: float | None = None
-    init: str = "pytorch"
 
     def backbone_kwargs(self) -> dict[str, Any]:
         """The keyword arguments every task model passes to its encoder stack (sizes and attention plan)."""
@@ -206,6 +154,9 @@ class RunConfig:
         d["trainer"].pop("enable_progress_bar")
         d["trainer"].pop("compile")  # how the run executes, not what it computes (a resume may switch it)
         d["trainer"].pop("logger")
+        type(self).drop_own_defaults(d)  # (then the legacy keys that were common in 0.1.0, always hashed)
+        for (section, key), value in _V010_KEYS.items():
+            d[section].setdefault(key, value)
         defaults = type(self)().to_dict()
         for section, key in _ADDED_KEYS:
             node, ref = (d, defaults) if section is None else (d[section], defaults[section])
@@ -213,7 +164,6 @@ class RunConfig:
                 node.pop(key, None)
         if d["schedule"] == defaults["schedule"]:
             d.pop("schedule")
-        type(self).drop_own_defaults(d)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
 
     @classmethod
@@ -233,6 +183,8 @@ class RunConfig:
         return self.trainer.max_steps > 0
 
 
+# keys of 0.1.0 that tasks own since: hashed as they were then, at their default where the task has no such key
+_V010_KEYS = {("data", "fetch"): True, ("data", "val_fraction"): 0.2}
 # (section, key) of config keys introduced after 0.1.0 (see RunConfig.fingerprint)
 _ADDED_KEYS = [
     *(("data", k) for k in ("max_len", "tokenisation", "stand_in", "train_pairs", "eval_pairs", "val_size")),
@@ -267,17 +219,23 @@ def _task_class(task: Task) -> type[RunConfig]:
     if not task.config:
         return RunConfig
     sections, new, added = dict(SECTIONS), [], []
-    for name, cls in task.config.items():
-        if not (isinstance(name, str) and is_dataclass(cls) and isinstance(cls, type)):
-            raise TypeError(f"task {task.name!r}: config maps a section name to a dataclass, got {name!r}: {cls!r}")
+    for name, given in task.config.items():
+        parts = given if isinstance(given, tuple) else (given,)
+        if not (isinstance(name, str) and parts and all(is_dataclass(c) and isinstance(c, type) for c in parts)):
+            raise TypeError(
+                f"task {task.name!r}: config maps a section name to a dataclass (or a tuple of them), got "
+                f"{name!r}: {given!r}"
+            )
         base = SECTIONS.get(name)
-        if base is None:  # a section of its own
-            added.append((name, None))
-        else:  # keys added to a common section
-            if clash := sorted({f.name for f in fields(cls)} & {f.name for f in fields(base)}):
-                raise ValueError(f"task {task.name!r}: {name}.{clash[0]} is a common key; a task adds keys only")
-            cls = make_dataclass(f"{base.__name__}_{task.name}", [], bases=(cls, base))
-            added += [(name, f.name) for f in fields(cls) if f.name not in {g.name for g in fields(base)}]
+        own = [f.name for c in parts for f in fields(c)]
+        common = {f.name for f in fields(base)} if base else set()
+        if dup := sorted({k for k in own if own.count(k) > 1} | (set(own) & common)):
+            raise ValueError(f"task {task.name!r}: {name}.{dup[0]} is a common key or declared twice")
+        # fields in the order given, after the common section's (dataclasses collect them from the last base)
+        cls = make_dataclass(
+            f"{name.title()}Config_{task.name}", [], bases=(*reversed(parts), *([base] if base else []))
+        )
+        added += [(name, None)] if base is None else [(name, k) for k in own]
         sections[name] = cls
         new.append((name, cls, field(default_factory=cls)))
     namespace = {"sections": sections, "added": tuple(added)}

@@ -1,7 +1,7 @@
 """Checks of a run config's values: types, ranges, names and combinations, never coercion (``"7"`` is not 7).
 
-The generic checks know no task by name: the task checks its own part (:meth:`primaldual.tasks.Task.check`), and
-sections or keys that only some tasks read stay at their defaults in the others. Also here: the schema check of one
+The generic checks know no task by name and cover the common keys; the task checks the keys it declares
+(:meth:`primaldual.tasks.Task.check`), which exist in its configs only. Also here: the schema check of one
 config file (:func:`check_file`, unknown keys named with the file) and the check against the machine
 (:func:`check_machine`, when a run starts).
 """
@@ -9,6 +9,7 @@ config file (:func:`check_file`, unknown keys named with the file) and the check
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from dataclasses import fields
 from pathlib import Path
@@ -137,7 +138,6 @@ def _validate_config(cfg: RunConfig) -> None:
         raise ConfigError(f"protocol: task {cfg.task!r} takes {task.protocols}, got {cfg.protocol!r}")
     path_part("name", cfg.name)
     check_int("seed", cfg.seed, low=0, high=_SEED_MAX)
-    _validate_exclusive(cfg)  # a key the task does not read is refused as such, before its value is checked
 
     d = cfg.data
     optional_str("data.root", d.root)
@@ -232,25 +232,6 @@ def _validate_config(cfg: RunConfig) -> None:
     if t.compile and not task.compiles:
         raise ConfigError(f"trainer.compile: task {cfg.task!r} does not compile its model; set it to false")
     task.check(cfg)
-
-
-def _validate_exclusive(cfg: RunConfig) -> None:
-    """Sections and keys that only some tasks read stay at their defaults in every other task's config."""
-    defaults = type(cfg)()
-    for (section, key), owners in exclusive_keys(cfg.task).items():
-        if (
-            cfg.task in owners
-            or section not in cfg.sections
-            or not (key is None or hasattr(getattr(cfg, section), key))
-        ):
-            continue  # the task's own, or not in its schema at all (then unknown there)
-        value, default = getattr(cfg, section), getattr(defaults, section)
-        if key is not None:
-            value, default = getattr(value, key), getattr(default, key)
-        if value != default:
-            who = " / ".join(f"{o!r}" for o in sorted(owners))
-            what = section if key is None else f"{section}.{key}"
-            raise ConfigError(f"{what}: only task {who} uses it, not task {cfg.task!r}")
 
 
 def _validate_devices(v: Any) -> None:
@@ -362,14 +343,14 @@ def check_file(
         full = f"{entry}{key}"
         if key == "name" and fragment:
             raise ConfigError(f"{path}: unknown config key {full!r} (a fragment cannot set the run name)")
-        if schema is not None and key not in top:
+        if schema is not None and key not in top and not foreign_default(key, None, value):
             raise ConfigError(f"{path}: {unknown_key(key, task, top, shown=full)}")
         if key in sections and value is not None:
             if not isinstance(value, dict):
                 raise ConfigError(f"{path}: {full}: expected a mapping, got {type(value).__name__}")
             valid = {f.name for f in fields(sections[key])} | (set(PLAN_KEYS) if key == "model" else set())
             for k in value if schema is not None else ():
-                if k not in valid:
+                if k not in valid and not foreign_default(key, k, value[k]):
                     raise ConfigError(f"{path}: {unknown_key(f'{key}.{k}', task, valid, shown=f'{full}.{k}')}")
             if key == "model" and "plan" in value and ({"attention", "attention_options"} & set(value)):
                 raise ConfigError(
@@ -388,6 +369,17 @@ def check_file(
                 if sub is not None and not isinstance(sub, dict):
                     raise ConfigError(f"{path}: {full}.{name}: expected a mapping, got {type(sub).__name__}")
                 check_file(sub or {}, path, (), fragment, task, entry=f"{full}.{name}.")
+
+
+def foreign_default(section: str, key: str | None, value: Any) -> bool:
+    """Whether ``section.key`` (``key`` None: the whole section) is another task's, at its default: what a config.yaml
+    written before tasks owned their keys lists. Such an entry reads as absent; any other value is an error."""
+    owners = exclusive_keys().get((section, key))
+    if not owners:
+        return False
+    default = config_class(sorted(owners)[0])().to_dict()[section]
+    default = default if key is None else default[key]
+    return json.dumps(value, sort_keys=True, default=str) == json.dumps(default, sort_keys=True, default=str)
 
 
 def unknown_key(full: str, task: Any, valid: Any, note: str = "", shown: str | None = None) -> str:

@@ -23,17 +23,17 @@ def test_dt_update_times_the_loop_before_and_now(hopper_dir, capsys):  # noqa: F
 
 def test_the_reproduced_old_loop_equals_todays(hopper_dir):  # noqa: F811
     from primaldual.data.d4rl import TrajectoryDataset, read_d4rl
-    from primaldual.tasks.offline_rl import fit as T
+    from primaldual.tasks.offline_rl.training import build_dt, dt_inputs
     from primaldual.train.config import load_config
 
     bench = load_script("dt_update")
     data = read_d4rl(hopper_dir / "hopper-medium.hdf5")
     cfg = load_config("rl/hopper-medium/dt", [*bench.REDUCED, "--data.root", str(hopper_dir), "--data.max_len", "5"])
     ds = TrajectoryDataset(data, 5, seed=0)
-    old, new = bench._batch_before(ds, 3, 8, 10), T._batch(ds, 3, 8, 10)
+    old, new = bench._batch_before(ds, 3, 8, 10), bench._batch(ds, 3, 8, 10)
     assert all(torch.equal(old[k], new[k]) for k in new)
     torch.manual_seed(0)
-    model = T.build_dt(cfg, 11, 3).eval()
-    want = model(*T._inputs(new))
+    model = build_dt(cfg, 11, 3).eval()
+    want = model(*dt_inputs(new))
     bench._as_before(model)
-    assert torch.allclose(model(*T._inputs(old)), want, atol=1e-6)
+    assert torch.allclose(model(*dt_inputs(old)), want, atol=1e-6)

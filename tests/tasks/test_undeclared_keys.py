@@ -9,7 +9,7 @@ import pytest
 
 from primaldual.cli import main
 from primaldual.tasks.base import exclusive_keys
-from primaldual.train.schema import SECTIONS
+from primaldual.train.schema import config_class
 
 # one shipped config per built-in task
 CONFIGS = {
@@ -27,7 +27,8 @@ CONFIGS = {
 
 def _other_value(section: str, key: str) -> str:
     """A well-formed value unlike the default, as a command-line YAML string."""
-    field = {f.name: f for f in dataclasses.fields(SECTIONS[section])}[key]
+    owner = sorted(exclusive_keys()[(section, key)])[0]
+    field = {f.name: f for f in dataclasses.fields(config_class(owner).sections[section])}[key]
     default, kind = field.default, str(field.type)
     if isinstance(default, bool):
         return str(not default).lower()

@@ -41,7 +41,7 @@ def test_the_task_class_has_its_keys_and_section(keyed_task):
     cfg = cls(task=keyed_task)
     assert cfg.data.features == 4 and cfg.toy.temperature == 1.0 and cfg.data.batch_size == 16
     assert cls.added == (("data", "features"), ("toy", None))
-    assert config_class("uea") is RunConfig
+    assert config_class("uea").added == (("data", "fetch"), ("data", "val_fraction"))
 
 
 def test_keys_at_their_defaults_leave_the_fingerprint_alone(keyed_task, tmp_path):

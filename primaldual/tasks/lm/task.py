@@ -17,7 +17,15 @@ from ...options import check_bool
 from ...train.config import ConfigError, RunConfig
 from ...train.validate import peer_attention
 from ..base import Task, data_info, register_task
-from ..checks import check_init, check_token_model, check_val_size
+from ..checks import (
+    InitKey,
+    TiedEmbeddingsKey,
+    TokenModelKeys,
+    ValSizeKey,
+    check_init,
+    check_token_model,
+    check_val_size,
+)
 from ..protocols import LM_HELDOUT, Protocol
 
 __all__ = ["LM_DATASETS", "LanguageModelTask"]
@@ -31,14 +39,7 @@ class LanguageModelTask(Task):
     model_kinds = ("lm", "hf_gpt2")
     causal = True
     metrics = ("loss", "ppl")
-    keys = (
-        ("data", "val_size"),
-        ("model", "positions"),
-        ("model", "tie_embeddings"),
-        ("model", "init"),
-        ("model", "vocab_size"),
-        ("model", "norm_first"),
-    )
+    config = {"data": (ValSizeKey,), "model": (TokenModelKeys, TiedEmbeddingsKey, InitKey)}
 
     def check(self, cfg: RunConfig) -> None:
         d, m = cfg.data, cfg.model

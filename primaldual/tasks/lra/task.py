@@ -38,7 +38,22 @@ from ...options import check_choice, check_int
 from ...train.config import ConfigError, DataConfig, RunConfig
 from ...train.validate import optional_str, path_part
 from ..base import register_task
-from ..checks import check_fetch, check_num_classes, check_token_model, check_val_fraction, check_val_size
+from ..checks import (
+    FetchKey,
+    NumClassesKey,
+    PairsKeys,
+    PoolingKey,
+    StandInKey,
+    TokenisationKey,
+    TokenModelKeys,
+    ValFractionKey,
+    ValSizeKey,
+    check_fetch,
+    check_num_classes,
+    check_token_model,
+    check_val_fraction,
+    check_val_size,
+)
 from ..classification import ClassificationTask
 
 __all__ = ["LRA_DATASETS", "LRATask", "build_lra_splits"]
@@ -69,16 +84,11 @@ class LRATask(ClassificationTask):
 
     model_kinds: tuple[str, ...] = ("sequence", "retrieval")
     majority_baseline = True
-    # keys the LRA data module and classifiers read (model.positions and data.val_size are shared with other tasks)
-    keys: tuple[tuple[str, str], ...] = (
-        ("data", "stand_in"),
-        ("data", "val_size"),
-        ("model", "pooling"),
-        ("model", "positions"),
-        ("model", "vocab_size"),
-        ("model", "norm_first"),
-        ("model", "num_classes"),
-    )
+    # keys the LRA data module and classifiers read (each subclass adds those of its data)
+    config: dict[str, Any] = {
+        "data": (StandInKey, ValSizeKey),
+        "model": (TokenModelKeys, PoolingKey, NumClassesKey),
+    }
     prefix: str | None = None  # data names starting with this are accepted too
 
     def check(self, cfg: RunConfig) -> None:
@@ -137,7 +147,7 @@ def build_lra_splits(cfg: DataConfig, task: str) -> dict[str, Dataset]:
 
 @register_task("lra_listops")
 class ListOpsTask(LRATask):
-    keys = (*LRATask.keys, ("data", "tokenisation"))
+    config = {**LRATask.config, "data": (*LRATask.config["data"], TokenisationKey)}
 
     def check(self, cfg: RunConfig) -> None:
         super().check(cfg)
@@ -152,7 +162,7 @@ class ListOpsTask(LRATask):
 
 @register_task("lra_text")
 class TextTask(LRATask):
-    keys = (*LRATask.keys, ("data", "val_fraction"), ("data", "fetch"))
+    config = {**LRATask.config, "data": (*LRATask.config["data"], ValFractionKey, FetchKey)}
 
     def check(self, cfg: RunConfig) -> None:
         super().check(cfg)
@@ -183,7 +193,7 @@ class TextTask(LRATask):
 @register_task("lra_retrieval")
 class RetrievalTask(LRATask):
     model_kinds = ("retrieval", "sequence")
-    keys = (*LRATask.keys, ("data", "train_pairs"), ("data", "eval_pairs"), ("data", "fetch"))
+    config = {**LRATask.config, "data": (*LRATask.config["data"], PairsKeys, FetchKey)}
 
     def check(self, cfg: RunConfig) -> None:
         super().check(cfg)
@@ -213,7 +223,7 @@ class RetrievalTask(LRATask):
 
 @register_task("lra_image")
 class ImageTask(LRATask):
-    keys = (*LRATask.keys, ("data", "val_fraction"))
+    config = {**LRATask.config, "data": (*LRATask.config["data"], ValFractionKey)}
 
     def check(self, cfg: RunConfig) -> None:
         super().check(cfg)

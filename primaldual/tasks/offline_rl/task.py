@@ -20,7 +20,7 @@ from ...options import check_bool, check_choice, check_int, check_number
 from ...train.config import ConfigError, RunConfig
 from ...train.validate import path_part, peer_attention
 from ..base import Task, data_info, register_task
-from ..checks import check_init
+from ..checks import DTBlockKeys, InitKey, check_init
 from ..protocols import Protocol
 from .config import RLConfig
 
@@ -39,9 +39,8 @@ FINAL = Protocol(
 class OfflineRLTask(Task):
     model_kinds = ("dt", "hf_dt")
     causal = True
-    config = {"rl": RLConfig}
+    config = {"model": (DTBlockKeys, InitKey), "rl": RLConfig}
     example_splits = False  # evaluated by rollouts
-    keys = (("model", "activation"), ("model", "attn_drop"), ("model", "ffn_drop"), ("model", "init"))
 
     def check(self, cfg: RunConfig) -> None:
         path_part("data.name", cfg.data.name)
@@ -54,8 +53,8 @@ class OfflineRLTask(Task):
         check_init(m)
         if m.resolved_kind(self.name) == "hf_dt":
             peer_attention(m, "Hugging Face's DecisionTransformerModel")
-            default = RunConfig().model
-            for _, key in self.keys:
+            default = type(cfg)().model
+            for key in ("activation", "attn_drop", "ffn_drop", "init"):
                 if getattr(m, key) != getattr(default, key):
                     raise ConfigError(
                         f"model.{key}: model.kind 'hf_dt' is Hugging Face's DecisionTransformerModel, whose block is "

@@ -13,7 +13,7 @@ from torch import nn
 from ...train.config import RunConfig
 from ...train.validate import path_part
 from ..base import register_task
-from ..checks import check_fetch, check_val_fraction
+from ..checks import FetchKey, ValFractionKey, check_fetch, check_val_fraction
 from ..classification import ClassificationTask
 
 __all__ = ["UEATask"]
@@ -24,7 +24,7 @@ class UEATask(ClassificationTask):
     model_kinds = ("timeseries",)
     step_based = False
     protocols = ("heldout", "paper")
-    keys = (("data", "fetch"), ("data", "val_fraction"))
+    config = {"data": (FetchKey, ValFractionKey)}
 
     def check(self, cfg: RunConfig) -> None:
         path_part("data.name", cfg.data.name)

@@ -14,7 +14,16 @@ from ...options import check_int, check_number
 from ...train.config import ConfigError, RunConfig
 from ...train.validate import path_part
 from ..base import register_task
-from ..checks import check_num_classes, check_val_fraction, check_val_size
+from ..checks import (
+    ImageKeys,
+    NumClassesKey,
+    ValFractionKey,
+    ValSizeKey,
+    ViTKeys,
+    check_num_classes,
+    check_val_fraction,
+    check_val_size,
+)
 from ..classification import ClassificationTask
 from . import VISION_IDX_DATASETS
 from .config import AugmentConfig
@@ -25,19 +34,12 @@ __all__ = ["VisionTask"]
 @register_task("vision")
 class VisionTask(ClassificationTask):
     model_kinds = ("vit",)
-    config = {"augment": AugmentConfig}
     majority_baseline = True
-    keys = (
-        ("data", "image_size"),
-        ("data", "crop_pct"),
-        ("data", "val_size"),
-        ("model", "patch_size"),
-        ("model", "drop_path"),
-        ("model", "patch_kernel"),
-        ("model", "stem"),
-        ("model", "num_classes"),
-        ("data", "val_fraction"),
-    )
+    config = {
+        "data": (ImageKeys, ValSizeKey, ValFractionKey),
+        "model": (ViTKeys, NumClassesKey),
+        "augment": AugmentConfig,
+    }
 
     def check(self, cfg: RunConfig) -> None:
         d, m = cfg.data, cfg.model
