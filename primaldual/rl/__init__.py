@@ -1,6 +1,6 @@
-"""Offline RL: the Decision Transformer's training loop (:mod:`.train`, task ``offline_rl``) and gymnasium v4 MuJoCo
-rollouts scored by D4RL's normalised score (:mod:`.evaluate`). The model is
-:mod:`primaldual.models.decision_transformer`.
+"""Offline RL's environments: gymnasium v4 MuJoCo rollouts of a return-conditioned policy, scored by D4RL's
+normalised score (:mod:`.evaluate`). Training is task ``offline_rl`` (:mod:`primaldual.tasks.offline_rl`, the
+shared runner); the model is :mod:`primaldual.models.decision_transformer`.
 
 gymnasium is imported on first use (the ``rl`` extra); :func:`normalized_score` and the reference constants work
 without it. Data: :mod:`primaldual.data.d4rl` reads the D4RL HDF5 layout; :mod:`primaldual.recipes.d4rl` builds

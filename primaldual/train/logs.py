@@ -29,11 +29,14 @@ __all__ = ["DEPENDENCY_WARNINGS", "loggers", "progress_bar", "quiet_dependencies
 #: (message regex, category) of dependency warnings filtered during a run: Lightning 2.6's own use of a torch
 #: ``_pytree`` API that torch deprecated; on a resume, Lightning's note that the checkpoint folder is not empty (the
 #: run's own ``last.ckpt`` is replaced there by design) and that a mid-epoch checkpoint has no resumable data loader
-#: (the harness restores the data order itself: the resume tests check the result bit for bit)
+#: (the harness restores the data order itself: the resume tests check the result bit for bit); and, when
+#: ``validate`` / ``test`` evaluate a checkpoint, that the training callbacks stored in it are not there (an
+#: evaluation uses none of them)
 DEPENDENCY_WARNINGS: tuple[tuple[str, type[Warning]], ...] = (
     (r".*isinstance\(treespec, LeafSpec\)` is deprecated.*", Warning),
     (r"Checkpoint directory .* exists and is not empty", Warning),
     (r"You're resuming from a checkpoint that ended before the epoch ended", Warning),
+    (r"Be aware that when using `ckpt_path`, callbacks used to create the checkpoint need to be provided", Warning),
 )
 _LIGHTNING_INFO = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
 

@@ -351,9 +351,10 @@ def evaluate(
     where = str(run_dir / "config.yaml") if (run_dir / "config.yaml").is_file() else "the given config"
     check_fits(module, state, path, where)
     del state
-    trainer = _trainer(cfg, run_dir, [])
-    run = trainer.validate if stage == "validate" else trainer.test
-    return run(module, dm, ckpt_path=str(path), **_safe(run))
+    with quiet_dependencies():
+        trainer = _trainer(cfg, run_dir, [])
+        run = trainer.validate if stage == "validate" else trainer.test
+        return run(module, dm, ckpt_path=str(path), **_safe(run))
 
 
 class ThreadsOversubscribedWarning(UserWarning):
