@@ -350,7 +350,7 @@ def test_ddp_two_processes_match_one_process_with_the_same_global_batch(tmp_path
     no_drop = {"model": {"dropout": 0.0}, "rl": {"max_ep_len": 20, "eval_episodes": 2, "target_returns": [3600]}}
     single, ddp = tmp_path / "single", tmp_path / "ddp"
     cfg = _config(tmp_path, hopper_dir, **no_drop)
-    run(fit_cmd(cfg, single, "--threads", "1", "--data.batch_size", "8"))
+    assert main(["fit", "--threads", "1", "--config", cfg, "--run-dir", str(single), "--data.batch_size", "8"]) == 0
     ddp_flags = ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu"]
     run(fit_cmd(cfg, ddp, "--threads", "1", "--data.batch_size", "4", *ddp_flags), timeout=400)
     a = torch.load(single / "checkpoints" / "last.ckpt", weights_only=True)
