@@ -19,7 +19,7 @@ file (``docs/architecture.md``, "Add a task").
 from __future__ import annotations
 
 import importlib
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -216,6 +216,20 @@ def list_tasks() -> list[str]:
     return sorted({*_REGISTRY, *_plugins()})
 
 
+def config_parts(task: Task) -> dict[str, tuple[type, ...]]:
+    """``task.config`` with every value a tuple of dataclasses; :class:`TypeError` naming the task otherwise."""
+    out = {}
+    for name, given in task.config.items():
+        parts = given if isinstance(given, tuple) else (given,)
+        if not (isinstance(name, str) and parts and all(is_dataclass(c) and isinstance(c, type) for c in parts)):
+            raise TypeError(
+                f"task {task.name!r}: config maps a section name to a dataclass (or a tuple of them), got "
+                f"{name!r}: {given!r}"
+            )
+        out[name] = parts
+    return out
+
+
 def exclusive_keys(task: str | None = None) -> dict[tuple[str, str | None], set[str]]:
     """``(section, key or None for the whole section) -> the tasks that read it``, over the built-in tasks, the tasks
     registered in this process, and ``task`` (a plugin's is loaded). Other installed plugins are not loaded: a
@@ -229,8 +243,7 @@ def exclusive_keys(task: str | None = None) -> dict[tuple[str, str | None], set[
     owners: dict[tuple[str, str | None], set[str]] = {}
     for name in sorted(names):
         t = _REGISTRY[name]
-        for section, given in t.config.items():
-            parts = given if isinstance(given, tuple) else (given,)
+        for section, parts in config_parts(t).items():
             own = (
                 [(section, f.name) for c in parts for f in fields(c)]
                 if section in COMMON_SECTIONS

@@ -206,8 +206,9 @@ def _apply(cfg: RunConfig, pairs: list[tuple[str, Any]]) -> RunConfig:
     if (task := dict(pairs).get("task", d["task"])) != d["task"]:
         # another task: the old one's own keys go where they are at their defaults, the new one's come in at theirs
         type(cfg).drop_own_defaults(d)
-        new = config_class(task)().to_dict()
-        for section, key in config_class(task).added:
+        cls = config_class(task)
+        new = cls().to_dict()
+        for section, key in cls.added:
             if key is None:
                 d.setdefault(section, new[section])
             else:

@@ -32,15 +32,13 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any
 
 import yaml
 
-from ..tasks.base import exclusive_keys
 from ..utils.io import atomic_write_text
 from .config import ConfigError, RunConfig, dump_config, load_config
 from .lock import LOCK_NAME
-from .schema import config_class
+from .schema import every_default
 
 __all__ = ["MARK", "check_run_dir", "default_run_dir", "is_launcher_process", "prepare_run_dir", "run_config"]
 
@@ -277,18 +275,6 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, fresh: bool, verbose: bool) -
 _HOW_KEYS = ("enable_progress_bar", "compile", "logger")
 
 
-def _every_default() -> dict[str, Any]:
-    """The default of every key any registered task's config may hold (the common ones and the tasks' own)."""
-    defaults = RunConfig().to_dict()
-    for (section, key), owners in exclusive_keys().items():
-        theirs = config_class(sorted(owners)[0])().to_dict()[section]
-        if key is None:
-            defaults.setdefault(section, theirs)
-        else:
-            defaults.setdefault(section, {}).setdefault(key, theirs[key])
-    return defaults
-
-
 def _same_run(saved: str, text: str) -> bool:
     """Whether two config.yaml texts describe the same run, apart from :data:`_HOW_KEYS`. A key one of them lacks
     counts as its default: a config.yaml written before a key existed (or while it was another task's) read as
@@ -302,7 +288,7 @@ def _same_run(saved: str, text: str) -> bool:
     for d in (a, b):
         for key in _HOW_KEYS:
             (d.get("trainer") or {}).pop(key, None)
-    defaults = _every_default()
+    defaults = every_default()
     for x, y in ((a, b), (b, a)):
         for section, values in y.items():
             have, known = x.get(section), defaults.get(section)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, fields, is_dataclass, make_dataclass
+from dataclasses import asdict, dataclass, field, fields, make_dataclass
 from functools import cache
 from typing import Any, ClassVar
 
-from ..tasks.base import COMMON_SECTIONS, Task, get_task
+from ..tasks.base import COMMON_SECTIONS, Task, config_parts, exclusive_keys, get_task
 
 __all__ = [
     "SECTIONS",
@@ -26,6 +26,7 @@ __all__ = [
     "ScheduleConfig",
     "TrainerConfig",
     "config_class",
+    "every_default",
 ]
 
 
@@ -219,13 +220,7 @@ def _task_class(task: Task) -> type[RunConfig]:
     if not task.config:
         return RunConfig
     sections, new, added = dict(SECTIONS), [], []
-    for name, given in task.config.items():
-        parts = given if isinstance(given, tuple) else (given,)
-        if not (isinstance(name, str) and parts and all(is_dataclass(c) and isinstance(c, type) for c in parts)):
-            raise TypeError(
-                f"task {task.name!r}: config maps a section name to a dataclass (or a tuple of them), got "
-                f"{name!r}: {given!r}"
-            )
+    for name, parts in config_parts(task).items():
         base = SECTIONS.get(name)
         own = [f.name for c in parts for f in fields(c)]
         common = {f.name for f in fields(base)} if base else set()
@@ -240,3 +235,16 @@ def _task_class(task: Task) -> type[RunConfig]:
         new.append((name, cls, field(default_factory=cls)))
     namespace = {"sections": sections, "added": tuple(added)}
     return make_dataclass(f"RunConfig_{task.name}", new, bases=(RunConfig,), namespace=namespace)
+
+
+def every_default() -> dict[str, Any]:
+    """The default of every key a registered task's config may hold: the common ones, and each task-owned key or
+    section at its owners' default (:func:`~primaldual.tasks.base.exclusive_keys`)."""
+    defaults = RunConfig().to_dict()
+    for (section, key), owners in exclusive_keys().items():
+        theirs = config_class(sorted(owners)[0])().to_dict()[section]
+        if key is None:
+            defaults.setdefault(section, theirs)
+        else:
+            defaults.setdefault(section, {}).setdefault(key, theirs[key])
+    return defaults

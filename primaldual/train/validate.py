@@ -19,7 +19,7 @@ from ..options import check_bool, check_choice, check_int, check_number
 from ..tasks.base import exclusive_keys, get_task
 from ..utils.errors import ConfigError
 from .compose import PLAN_KEYS
-from .schema import SECTIONS, ModelConfig, RunConfig, config_class
+from .schema import SECTIONS, ModelConfig, RunConfig, config_class, every_default
 from .yaml_values import yaml_hint
 
 __all__ = [
@@ -374,10 +374,9 @@ def check_file(
 def foreign_default(section: str, key: str | None, value: Any) -> bool:
     """Whether ``section.key`` (``key`` None: the whole section) is another task's, at its default: what a config.yaml
     written before tasks owned their keys lists. Such an entry reads as absent; any other value is an error."""
-    owners = exclusive_keys().get((section, key))
-    if not owners:
+    if (section, key) not in exclusive_keys():
         return False
-    default = config_class(sorted(owners)[0])().to_dict()[section]
+    default = every_default()[section]
     default = default if key is None else default[key]
     return json.dumps(value, sort_keys=True, default=str) == json.dumps(default, sort_keys=True, default=str)
 

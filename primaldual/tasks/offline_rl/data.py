@@ -222,5 +222,6 @@ class RLDataModule(L.LightningDataModule):
 
     def example_inputs(self) -> list[torch.Tensor]:
         """The model inputs of the first training batch (``trainer.compile`` checks the compiled model on them)."""
-        b = self.windows.batch(np.arange(self.cfg.data.batch_size))
-        return [b["states"], b["actions"], b["returns_to_go"], b["timesteps"], b["mask"]]
+        from .training import dt_inputs
+
+        return dt_inputs(self.windows.batch(np.arange(self.cfg.data.batch_size)))
