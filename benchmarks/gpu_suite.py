@@ -24,7 +24,9 @@ Steps, each with a time budget; after every step ``suite.json`` (the environment
    linear states (``primaldual bench decode``, random weights).
 6. ``lra``: LRA training steps at the paper's batch sizes with AMP (``primaldual bench lra --amp``).
 
-Not here yet (issue 44): the fused backward of the Triton kernel and CUDA-graph decoding. ``--quick --device cpu`` runs every step at toy sizes (what CI checks; no GPU figures).
+Not here yet (issue 44): CUDA-graph decoding, and the score kernel's causal prologue and KSVD energies.
+``--quick --device cpu`` runs every step at toy sizes (what CI checks; no GPU figures). A failing test is named in
+``suite.json`` (``failures``: pytest's ``FAILED`` lines), not only in the output's tail.
 
 Written by hand: it orchestrates our own ``primaldual bench`` commands and records the machine; nothing to reuse.
 """
@@ -51,6 +53,7 @@ GPU_TEST_FILES = (
     "tests/models/test_lm.py",
     "tests/train/test_compile.py",
     "tests/data/test_augment.py",
+    "tests/functional/test_scan.py",
 )
 # run whole: on a GPU every case of these runs natively (on a CPU, in Triton's interpreter)
 KERNEL_TEST_FILES = ("tests/kernels/test_primal_scores.py",)
@@ -135,6 +138,8 @@ class Suite:
             lines += [f"## {name}: {res['status']} ({res.get('seconds', 0):.0f} s)", ""]
             if res.get("reason"):
                 lines += [res["reason"], ""]
+            if res.get("failures"):
+                lines += [f"- `{f}`" for f in res["failures"]] + [""]
             if name == "layers" and res.get("records"):
                 lines += _layer_table(res["records"]) + [""]
             for path in res.get("tables", []):
@@ -169,17 +174,26 @@ def _run(cmd: list[str], timeout: float) -> tuple[int | None, str]:
     return res.returncode, (res.stdout + res.stderr)[-3000:]
 
 
+def _failures(output: str) -> list[str]:
+    """pytest's ``FAILED`` / ``ERROR`` summary lines (``-rfE``): the tail alone can hide which cases failed."""
+    return [line[:400] for line in output.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+
+
+def _status(code: int | None) -> str:
+    return "done" if code == 0 else "budget spent" if code is None else "failed"
+
+
 def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "primaldual.cli", *args]
 
 
 def step_tests(suite: Suite, args: argparse.Namespace) -> bool:
     t0 = time.perf_counter()
-    base = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"]
+    base = [sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider"]
     files = [f for f in GPU_TEST_FILES if (ROOT / f).is_file()]
     kernels = [f for f in KERNEL_TEST_FILES if (ROOT / f).is_file()]
     runs = [(base + ["-k", "cuda or gpu", *files], files), (base + kernels, kernels)]
-    outputs, ok = [], True
+    outputs, failures, ok = [], [], True
     for cmd, chosen in runs:
         if not chosen:
             continue
@@ -187,12 +201,14 @@ def step_tests(suite: Suite, args: argparse.Namespace) -> bool:
         code, tail = _run(cmd, left)
         ok = ok and code == 0
         outputs.append(tail)
+        failures += _failures(tail) or ([] if code == 0 else [f"{' '.join(chosen)}: exit {code} (None: timed out)"])
     suite.step(
         "tests",
         {
             "status": "passed" if ok else "failed",
             "seconds": time.perf_counter() - t0,
             "files": files + kernels,
+            "failures": failures,
             "output": "\n".join(outputs)[-3000:],
         },
     )
@@ -326,12 +342,12 @@ def step_decode(suite: Suite, args: argparse.Namespace) -> None:
         "--steps", "2" if args.quick else "16", *size, "--out", str(out),
     )  # fmt: skip
     code, tail = _run(cmd, BUDGETS["decode"] * args.budget_scale)
-    res: dict[str, Any] = {"status": "done" if code == 0 else "failed", "seconds": time.perf_counter() - t0}
+    res: dict[str, Any] = {"status": _status(code), "seconds": time.perf_counter() - t0}
     if code == 0:
         res["tables"] = [str(out.with_suffix(".md").relative_to(suite.out))]
-        res["records"] = json.loads(out.read_text()).get("records", [])
     else:
         res["error"] = tail[-800:]
+    res["records"] = _records(out)
     suite.step("decode", res)
 
 
@@ -345,12 +361,18 @@ def step_lra(suite: Suite, args: argparse.Namespace) -> None:
         "bench", "lra", "--device", args.device, "--amp", "--tasks", "listops,text", "--steps", "5", "--out", str(out)
     )
     code, tail = _run(cmd, BUDGETS["lra"] * args.budget_scale)
-    res: dict[str, Any] = {"status": "done" if code == 0 else "failed", "seconds": time.perf_counter() - t0}
-    if code == 0:
-        res["records"] = json.loads(out.read_text()).get("records", [])
-    else:
+    res: dict[str, Any] = {"status": _status(code), "seconds": time.perf_counter() - t0, "records": _records(out)}
+    if code != 0:
         res["error"] = tail[-800:]
     suite.step("lra", res)
+
+
+def _records(path: Path) -> list[dict]:
+    """The records a bench command wrote to its JSON (rewritten after each case, so a budget cut keeps them)."""
+    try:
+        return json.loads(path.read_text()).get("records", [])
+    except (OSError, ValueError):
+        return []
 
 
 STEPS = {

@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .scan import prefix_sum
+
 __all__ = [
     "causal_prefix_mean",
     "cosine_feature_map",
@@ -164,15 +166,18 @@ def causal_prefix_mean(x: Tensor, mask: Tensor | None = None) -> Tensor:
             A position with no real token at or before it gets 0.
 
     Returns:
-        Same shape as ``x``.
+        Same shape and dtype as ``x``. The sums run through :func:`~primaldual.functional.scan.prefix_sum`: chunked
+        on a GPU, in float32 for half-precision inputs.
     """
     B, N = x.shape[:2]
     extra = (1,) * (x.dim() - 2)
     if mask is None:
-        count = torch.arange(1, N + 1, device=x.device, dtype=x.dtype).view(1, N, *extra)  # (1, N, 1...)
-        return x.cumsum(1) / count
+        sums = prefix_sum(x)  # (B, N, ...), float32 for half inputs
+        count = torch.arange(1, N + 1, device=x.device, dtype=sums.dtype).view(1, N, *extra)  # (1, N, 1...)
+        return (sums / count).to(x.dtype)
     m = mask.to(x.dtype).view(B, N, *extra)  # (B, N, 1...)
-    return (x * m).cumsum(1) / m.cumsum(1).clamp_min(1.0)
+    count = mask.long().cumsum(1).clamp_min(1).view(B, N, *extra)  # (B, N, 1...): integer counts are exact
+    return (prefix_sum(x * m) / count).to(x.dtype)
 
 
 def primal_scores(phi_q: Tensor, phi_k: Tensor, w_e: Tensor, w_r: Tensor) -> Tensor:

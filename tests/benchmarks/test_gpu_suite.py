@@ -44,3 +44,13 @@ def test_quick_run_writes_every_step_and_refuses_the_cpu_without_quick(tmp_path)
         bad = subprocess.run([sys.executable, str(script), "--out", str(out), "--device", "cpu", "--quick", arg],
                              capture_output=True, text=True, timeout=120)  # fmt: skip
         assert bad.returncode == 2 and msg in bad.stderr, bad.stderr
+
+
+def test_failures_and_budget_cuts_are_named():
+    """A failing case keeps its ``FAILED`` line whatever the tail shows; a budget cut is not a failure."""
+    from tests.benchmarks.scripts import load_script
+
+    suite = load_script("gpu_suite")
+    out = "....F\n" + "x" * 5000 + "\nFAILED tests/a.py::test_b[softmax-{}-full] - AssertionError: gradient 0\n1 failed"
+    assert suite._failures(out) == ["FAILED tests/a.py::test_b[softmax-{}-full] - AssertionError: gradient 0"]
+    assert [suite._status(c) for c in (0, None, 1)] == ["done", "budget spent", "failed"]
