@@ -7,24 +7,25 @@ One command on a machine with one GPU (an H100 or H200), sized to about 10 minut
 Steps, each with a time budget; after every step ``suite.json`` (the environment and every step's records) and
 ``suite.md`` (its tables) are rewritten atomically, so a run cut off keeps what it measured:
 
-1. ``tests``: the CUDA cases of the test files that have them (``pytest -rs -k "cuda or gpu"``), among them every
+1. ``tests``: the CUDA cases of the test files that have them (``pytest -rfEs -k "cuda or gpu"``), among them every
    registered mechanism against its float64 CPU result (``tests/attention/test_cuda.py``); the timing steps run only
    when they pass (``--keep-going`` times anyway and marks every figure untrusted).
 2. ``layers``: one attention layer (with its QKV and output projections), bfloat16, forward + backward, width 768,
    12 heads, s = 20, N = 1K-64K at 64K tokens per call (batch 64K / N), causal and not: softmax with SDPA forced to
-   its flash backend, and to cuDNN; primal eager, with the fused Triton score kernel (``kernel="triton"``) and with
-   its compiled core; the projection floor
+   its flash backend; primal eager, with the fused Triton score kernel (``kernel="triton"``) and with its compiled
+   core; the projection floor; softmax with SDPA forced to cuDNN last
    (``primaldual bench layers --tokens 65536``: one call per mechanism and mask, one process per case inside it;
    median and minimum of the timed calls, peak memory). ``--causal only|no`` and ``--no-compile`` narrow it.
-3. ``profile``: the primal layer's operators by device time at N = 16K, eager and with the Triton kernel
+3. ``lm_steps``: training steps of ``lm/english/medium/{transformer,primalformer}`` at 4K tokens eager and compiled,
+   then 1K and 256 (``primaldual bench steps``; needs ``primaldual data fetch english``).
+4. ``decode``: ms per generated token at 1K-64K context, batch 1 and 8, softmax's KV cache (eager) against primal
+   and linear states replayed as CUDA graphs (``primaldual bench decode --cuda-graph``, random weights).
+5. ``lra``: LRA ListOps and Text training steps at the paper's batch sizes with AMP: Transformer (SDPA), the
+   paper's materialised softmax (``transformer_eager``), PrimalFormer, Primal.+ (``primaldual bench lra --amp``).
+6. ``profile``: the primal layer's operators by device time at N = 16K, eager and with the Triton kernel
    (``benchmarks/profile_layer.py``).
-4. ``lm_steps``: training steps of ``lm/english/medium/{transformer,primalformer}`` at 256, 1K and 4K tokens,
-   eager and compiled (``primaldual bench steps``; needs ``primaldual data fetch english``).
-5. ``decode``: ms per generated token at 1K-64K context, batch 1 and 8, softmax's KV cache against primal and
-   linear states (``primaldual bench decode``, random weights).
-6. ``lra``: LRA training steps at the paper's batch sizes with AMP (``primaldual bench lra --amp``).
 
-Not here yet (issue 44): CUDA-graph decoding, and the score kernel's causal prologue and KSVD energies.
+Not here yet (issue 44): the score kernel's causal prologue and KSVD energies.
 ``--quick --device cpu`` runs every step at toy sizes (what CI checks; no GPU figures). A failing test is named in
 ``suite.json`` (``failures``: pytest's ``FAILED`` lines), not only in the output's tail.
 
@@ -54,23 +55,25 @@ GPU_TEST_FILES = (
     "tests/train/test_compile.py",
     "tests/data/test_augment.py",
     "tests/functional/test_scan.py",
+    "tests/bench/test_decode.py",
 )
 # run whole: on a GPU every case of these runs natively (on a CPU, in Triton's interpreter)
 KERNEL_TEST_FILES = ("tests/kernels/test_primal_scores.py",)
 LENGTHS = (1024, 4096, 16384, 65536)
 TOKENS_PER_CALL = 65536
-# (label, attention, sdpa backend, options, shortest N): the mechanisms of the layer sweep; the compiled primal
-# layer compiles in each case's own process (tens of seconds), so it runs at the long lengths only
+# (label, attention, sdpa backend, options, shortest N): the mechanisms of the layer sweep, most needed first (a
+# budget cut drops the last: cuDNN, timed on the H100 and the H200 already); the compiled primal layer compiles in
+# each case's own process (tens of seconds)
 LAYER_CASES = (
     ("softmax_flash", "softmax", "flash", {}, 0),
     ("primal", "primal", None, {"s": 20}, 0),  # its non-causal call also times the floor (projections alone)
     ("primal_triton", "primal", None, {"s": 20, "kernel": "triton"}, 0),  # the fused score kernel
+    ("primal_compiled", "primal", None, {"s": 20, "compile": True}, 0),
     ("softmax_cudnn", "softmax", "cudnn", {}, 0),
-    ("primal_compiled", "primal", None, {"s": 20, "compile": True}, 16384),
 )
-# seconds per step, about 10 minutes in all; measured on an H100: a layer-sweep process is ~10 s of start-up before
-# its first case, the three-mechanism decode sweep ~100 s, one LM step comparison 10-20 s
-BUDGETS = {"tests": 45.0, "layers": 260.0, "profile": 40.0, "lm_steps": 60.0, "decode": 85.0, "lra": 90.0}
+# seconds per step, about 10 minutes in all; measured on an H100 / H200: a layer-sweep process is ~10 s of start-up
+# before its first case, the three-mechanism decode sweep ~100 s, one LM step comparison 10-20 s (compiled: more)
+BUDGETS = {"tests": 40.0, "layers": 280.0, "lm_steps": 70.0, "decode": 80.0, "lra": 75.0, "profile": 30.0}
 
 
 def environment(device: str) -> dict[str, Any]:
@@ -311,21 +314,21 @@ def step_lm_steps(suite: Suite, args: argparse.Namespace) -> None:
         suite.step("lm_steps", {"status": "skipped", "seconds": 0.0, "reason": "--quick: needs the English corpus"})
         return
     runs = []
-    for compiled in (False, True):
-        for n in (256, 1024, 4096):
-            left = BUDGETS["lm_steps"] * args.budget_scale - (time.perf_counter() - t0)
-            if left <= 0:
-                break
-            out = suite.out / "lm_steps" / f"n{n}{'_compiled' if compiled else ''}"
-            cmd = _cli(
-                "bench", "steps", "lm/english/medium/transformer", "lm/english/medium/primalformer",
-                "--device", args.device, "--steps", "5", "--rounds", "3", "--warmup", "2",
-                "--set", f"data.max_len={n}", "--set", f"trainer.compile={str(compiled).lower()}", "--out", str(out),
-            )  # fmt: skip
-            code, tail = _run(cmd, left)
-            runs.append({"tokens": n, "compiled": compiled, "exit": code, "out": str(out.relative_to(suite.out))})
-            if code != 0:
-                runs[-1]["error"] = tail[-500:]
+    # 4K first, eager and compiled: the comparison issue 44 asks for; then the launch-bound lengths
+    for n, compiled in ((4096, False), (4096, True), (1024, False), (256, False), (1024, True), (256, True)):
+        left = BUDGETS["lm_steps"] * args.budget_scale - (time.perf_counter() - t0)
+        if left <= 0:
+            break
+        out = suite.out / "lm_steps" / f"n{n}{'_compiled' if compiled else ''}"
+        cmd = _cli(
+            "bench", "steps", "lm/english/medium/transformer", "lm/english/medium/primalformer",
+            "--device", args.device, "--steps", "5", "--rounds", "3", "--warmup", "2",
+            "--set", f"data.max_len={n}", "--set", f"trainer.compile={str(compiled).lower()}", "--out", str(out),
+        )  # fmt: skip
+        code, tail = _run(cmd, left)
+        runs.append({"tokens": n, "compiled": compiled, "exit": code, "out": str(out.relative_to(suite.out))})
+        if code != 0:
+            runs[-1]["error"] = tail[-500:]
     tables = [str(Path(r["out"]) / "steps.md") for r in runs if r["exit"] == 0]
     status = "done" if runs and all(r["exit"] == 0 for r in runs) else "partial"
     suite.step("lm_steps", {"status": status, "seconds": time.perf_counter() - t0, "runs": runs, "tables": tables})
@@ -337,10 +340,23 @@ def step_decode(suite: Suite, args: argparse.Namespace) -> None:
     contexts = "32" if args.quick else "1024,16384,65536"
     size = ["--dim", "32", "--depth", "1", "--heads", "2", "--vocab", "64"] if args.quick else []
     cmd = _cli(
-        "bench", "decode", "--device", args.device, "--contexts", contexts, "--batches", "1" if args.quick else "1,8",
-        "--attentions", "softmax,primal" if args.quick else "softmax,primal,linear",
-        "--steps", "2" if args.quick else "16", *size, "--out", str(out),
-    )  # fmt: skip
+        "bench",
+        "decode",
+        "--device",
+        args.device,
+        "--contexts",
+        contexts,
+        "--batches",
+        "1" if args.quick else "1,8",
+        "--attentions",
+        "softmax,primal" if args.quick else "softmax,primal,linear",
+        "--steps",
+        "2" if args.quick else "16",
+        *size,
+        *([] if args.quick else ["--cuda-graph"]),
+        "--out",
+        str(out),
+    )  # fmt: skip  (constant states replay as CUDA graphs; the KV cache stays eager, as a user runs it)
     code, tail = _run(cmd, BUDGETS["decode"] * args.budget_scale)
     res: dict[str, Any] = {"status": _status(code), "seconds": time.perf_counter() - t0}
     if code == 0:
@@ -358,8 +374,20 @@ def step_lra(suite: Suite, args: argparse.Namespace) -> None:
         return
     out = suite.out / "lra" / "lra.json"
     cmd = _cli(
-        "bench", "lra", "--device", args.device, "--amp", "--tasks", "listops,text", "--steps", "5", "--out", str(out)
-    )
+        "bench",
+        "lra",
+        "--device",
+        args.device,
+        "--amp",
+        "--tasks",
+        "listops,text",
+        "--steps",
+        "5",
+        "--out",
+        str(out),
+        "--models",
+        "transformer,transformer_eager,primalformer,primal_plus",
+    )  # fmt: skip  (both baselines: SDPA, and the materialised softmax the paper's Table 3 timed)
     code, tail = _run(cmd, BUDGETS["lra"] * args.budget_scale)
     res: dict[str, Any] = {"status": _status(code), "seconds": time.perf_counter() - t0, "records": _records(out)}
     if code != 0:
@@ -377,10 +405,10 @@ def _records(path: Path) -> list[dict]:
 
 STEPS = {
     "layers": step_layers,
-    "profile": step_profile,
     "lm_steps": step_lm_steps,
     "decode": step_decode,
     "lra": step_lra,
+    "profile": step_profile,
 }
 
 

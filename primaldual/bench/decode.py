@@ -27,7 +27,7 @@ from typing import Any
 from ..utils.io import atomic_write_json, atomic_write_text
 from .layers import PeakMemory, machine_info, run_case, run_worker
 
-__all__ = ["decode_table", "filled_state", "parse_ints", "run_decode"]
+__all__ = ["decode_table", "filled_state", "graphed_step", "parse_ints", "run_decode", "state_tensors"]
 
 DEFAULT_CONTEXTS = (1024, 4096, 16384, 65536)
 
@@ -76,6 +76,52 @@ def _state_bytes(state: Any) -> int:
     return total
 
 
+def state_tensors(state: Any) -> list[Any]:
+    """The tensors of an :class:`~primaldual.models.lm.LMState`, in a fixed order: the per-sequence count, then each
+    layer's."""
+    import torch
+
+    return [state.count] + [t for layer in state.layers for t in layer if isinstance(t, torch.Tensor)]
+
+
+def graphed_step(model: Any, ids: Any, state: Any) -> Any:
+    """One greedy decoding step captured in a CUDA graph: returns ``replay() -> logits``.
+
+    ``state`` is updated in place on every replay and ``ids`` (``(B,)``, static) becomes the argmax of the logits, so
+    the graph is the whole step with no value leaving the device (:meth:`~primaldual.models.CausalLM.unchecked_step`).
+    Only a state whose tensors keep their shapes can be captured: a KV cache grows, and gets a ValueError."""
+    import torch
+
+    real = torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device)
+    dst = state_tensors(state)
+
+    def step() -> Any:
+        logits, new = model.unchecked_step(ids, state, real)
+        src = state_tensors(new)
+        if [t.shape for t in src] != [t.shape for t in dst]:
+            raise ValueError("the decoding state changes shape from step to step (a KV cache): no CUDA graph")
+        for d, n in zip(dst, src, strict=True):
+            d.copy_(n)
+        ids.copy_(logits.argmax(-1))
+        return logits
+
+    side = torch.cuda.Stream()  # capture wants its warm-up on a side stream (the caching allocator's pools)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        logits = step()
+
+    def replay() -> Any:
+        graph.replay()
+        return logits
+
+    return replay
+
+
 def _worker(case: dict[str, Any]) -> dict[str, Any]:
     import torch
 
@@ -89,7 +135,7 @@ def _worker(case: dict[str, Any]) -> dict[str, Any]:
     model = (
         CausalLM(
             case["vocab"],
-            T + case["warmup"] + steps,  # positions T ... T + warmup + steps - 1 are decoded
+            T + case["warmup"] + steps + 3,  # positions from T on are decoded (3 more: a graph's warm-up)
             dim=case["dim"],
             depth=case["depth"],
             num_heads=case["heads"],
@@ -109,14 +155,19 @@ def _worker(case: dict[str, Any]) -> dict[str, Any]:
 
     memory = PeakMemory(device)
     times = []
+    graph = case.get("cuda_graph", False) and model.decoder.blocks[0].attn.capabilities.decoding == "constant"
     with torch.no_grad():
         state = filled_state(model, B, T)
         ids = torch.zeros(B, dtype=torch.long, device=device)
+        replay = graphed_step(model, ids, state) if graph else None
         for i in range(case["warmup"] + steps):
             sync()
             t0 = time.perf_counter()
-            logits, state = model.step(ids, state)
-            ids = logits.argmax(-1)
+            if replay is not None:
+                replay()
+            else:
+                logits, state = model.step(ids, state)
+                ids = logits.argmax(-1)
             sync()
             if i >= case["warmup"]:
                 times.append(time.perf_counter() - t0)
@@ -127,6 +178,7 @@ def _worker(case: dict[str, Any]) -> dict[str, Any]:
         "state_mb": _state_bytes(state) / 2**20,
         "peak_mb": memory.mb(),
         "decoding": model.decoder.blocks[0].attn.capabilities.decoding,
+        "cuda_graph": bool(graph),
     }
 
 
@@ -147,10 +199,16 @@ def run_decode(
     threads: int = 0,
     mem_limit_gb: float = 20.0,
     timeout_s: float = 900.0,
+    cuda_graph: bool = False,
 ) -> list[dict[str, Any]]:
-    """Every (attention, batch, context) case in its own process; ``out`` (JSON) rewritten after each case."""
+    """Every (attention, batch, context) case in its own process; ``out`` (JSON) rewritten after each case.
+
+    ``cuda_graph``: each step of a constant-size state is one CUDA graph replay (a KV or window cache, whose shape
+    changes, stays eager; each record says which ran)."""
+    if cuda_graph and not str(device).startswith("cuda"):
+        raise ValueError(f"--cuda-graph: CUDA graphs need a CUDA device, got --device {device}")
     settings = {"dim": dim, "depth": depth, "heads": heads, "vocab": vocab, "steps": steps, "warmup": warmup}
-    settings.update(device=device, threads=threads, options=options or {})
+    settings.update(device=device, threads=threads, options=options or {}, cuda_graph=cuda_graph)
     records: list[dict[str, Any]] = []
     for attention in attentions:
         for batch in batches:
@@ -252,6 +310,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0, help="torch threads per case (0: torch's default)")
     p.add_argument("--mem-limit-gb", type=float, default=20.0)
+    p.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="replay each step of a constant-size state as one CUDA graph (KV and window caches stay eager)",
+    )
     p.add_argument("--out", default="runs/bench/decode.json", help="JSON file; the table (.md) and plots go beside it")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
 
@@ -298,6 +361,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         device=args.device,
         threads=args.threads,
         mem_limit_gb=args.mem_limit_gb,
+        cuda_graph=args.cuda_graph,
     )
     table = decode_table(records)
     atomic_write_text(out.with_suffix(".md"), table + "\n")

@@ -39,10 +39,11 @@ _TASK_NAMES = ("listops", "text", "retrieval", "image", "pathfinder")
 
 
 def _config(task: str, model: str) -> Any:
-    """The reference training config ``lra/<task>/<model>`` (a :class:`~primaldual.train.config.RunConfig`)."""
+    """The reference training config ``lra/<task>/<model>`` (a :class:`~primaldual.train.config.RunConfig`);
+    ``transformer_eager`` is the Transformer's."""
     from primaldual.train.config import load_config
 
-    return load_config(f"lra/{task}/{model}")
+    return load_config(f"lra/{task}/{'transformer' if model == EAGER else model}")
 
 
 def _primal_s_eta(task: str, model: str) -> tuple[int, float]:
@@ -104,8 +105,12 @@ PAPER = {
     "image": (334.5, 142.9, 5.88, 1.39),
     "pathfinder": (405.5, 180.0, 5.88, 1.52),
 }
+# the paper's baseline: the Transformer with its N x N softmax matrix materialised (softmax backend "eager"), where
+# "transformer" runs SDPA's fused kernels
+EAGER = "transformer_eager"
 MODELS = (
     "transformer",
+    EAGER,
     "primalformer",
     "primal_plus",
     "linear",
@@ -121,7 +126,8 @@ def model_attention(model: str, task: str) -> tuple[list[str], list[dict[str, An
     m = _config(task, model).model
     names = m.attention if isinstance(m.attention, list) else [m.attention] * m.depth
     opts = m.attention_options if isinstance(m.attention_options, list) else [m.attention_options] * m.depth
-    return list(names), [dict(o or {}) for o in opts]
+    eager = {"backend": "eager"} if model == EAGER else {}
+    return list(names), [{**dict(o or {}), **eager} for o in opts]
 
 
 def build_case(case: dict[str, Any]) -> tuple[Any, Any, Any]:

@@ -41,3 +41,54 @@ def test_bench_decode_cli_writes_json_and_table(tmp_path, capsys):
 def test_bench_decode_refuses_non_causal(capsys):
     assert main(["bench", "decode", "--attentions", "linear_bn", "--out", "/nonexistent/x.json"]) == 2
     assert "cannot decode causally" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("attention", ["primal", "linear"])
+def test_unchecked_step_reads_no_value_and_equals_step(attention):
+    """What a CUDA graph captures: on the meta device (where reading a value raises) the step runs through, and on
+    the CPU it equals the checked step; the state's tensors keep their shapes (so a graph can update them in place)."""
+    from primaldual.bench.decode import state_tensors
+
+    torch.manual_seed(0)
+    model = CausalLM(50, 200, dim=8, depth=2, num_heads=2, ffn_dim=16, attention=attention).eval()
+    state = filled_state(model, 3, 100)
+    ids, real = torch.tensor([1, 2, 3]), torch.ones(3, dtype=torch.bool)
+    with torch.no_grad():
+        ref, ref_state = model.step(ids, state)
+        out, new = model.unchecked_step(ids, state, real)
+        assert torch.equal(out, ref)
+        assert [t.shape for t in state_tensors(new)] == [t.shape for t in state_tensors(state)]
+        meta = model.to("meta")
+        meta.unchecked_step(ids.to("meta"), filled_state(meta, 3, 100), real.to("meta"))
+        with pytest.raises(RuntimeError, match="meta"):
+            meta.step(ids.to("meta"), filled_state(meta, 3, 100))  # the checked step reads the ids
+
+
+def test_cuda_graph_needs_a_cuda_device(tmp_path, capsys):
+    args = ["bench", "decode", "--attentions", "primal", "--batches", "1", "--contexts", "32", "--cuda-graph"]
+    assert main([*args, "--out", str(tmp_path / "d.json")]) == 2
+    assert "--cuda-graph: CUDA graphs need a CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("attention", ["primal", "linear"])
+def test_cuda_graph_replay_equals_eager_decoding(attention):
+    from primaldual.bench.decode import graphed_step
+
+    torch.manual_seed(0)
+    model = CausalLM(50, 200, dim=16, depth=2, num_heads=2, ffn_dim=32, attention=attention).cuda().eval()
+    with torch.no_grad():
+        state = filled_state(model, 2, 20)
+        eager_state = type(state)([type(s)(*(t.clone() for t in s)) for s in state.layers], state.count.clone())
+        ids = torch.tensor([1, 2], device="cuda")
+        eager_ids = ids.clone()
+        for _ in range(3):  # the graph's warm-up: three steps
+            logits, eager_state = model.step(eager_ids, eager_state)
+            eager_ids = logits.argmax(-1)
+        replay = graphed_step(model, ids, state)
+        for _ in range(4):
+            logits, eager_state = model.step(eager_ids, eager_state)
+            eager_ids = logits.argmax(-1)
+            got = replay()
+            assert torch.allclose(got, logits, atol=1e-5) and torch.equal(ids, eager_ids)

@@ -15,6 +15,8 @@ def test_every_model_maps_to_two_layers():
         for model in MODELS:
             names, opts = model_attention(model, task)
             assert len(names) == len(opts) == 2
+    names, opts = model_attention("transformer_eager", "listops")  # the paper's baseline: the N x N matrix formed
+    assert names == ["softmax", "softmax"] and all(o == {"backend": "eager"} for o in opts)
     names, opts = model_attention("primal_plus", "listops")
     assert names == ["softmax", "primal"] and opts[1]["s"] == 30 and opts[1]["eta"] == 0.05
 
