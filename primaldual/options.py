@@ -11,10 +11,23 @@ Hand-written: a dozen lines per rule, and the messages are part of the project's
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import field, fields
 from typing import Any
 
-__all__ = ["check_bool", "check_choice", "check_int", "check_number"]
+__all__ = [
+    "check_bool",
+    "check_choice",
+    "check_fields",
+    "check_int",
+    "check_name",
+    "check_number",
+    "check_optional_str",
+    "checked",
+]
+
+_PATH_PART = re.compile(r"[^./\\\x00-\x1f][^/\\\x00-\x1f]*")  # one path component: no separator, no leading dot
 
 
 def check_bool(name: str, value: Any) -> bool:
@@ -63,6 +76,23 @@ def check_int(
     return value
 
 
+def check_name(name: str, value: Any) -> str:
+    """A string usable as one directory name (no separator, not starting with '.'): run directories are named after
+    it."""
+    if not isinstance(value, str) or not _PATH_PART.fullmatch(value):
+        raise ValueError(
+            f"{name}: expected a name usable as a directory name (no '/', not starting with '.'), got {value!r}"
+        )
+    return value
+
+
+def check_optional_str(name: str, value: Any) -> str | None:
+    """A non-empty string, or None."""
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ValueError(f"{name}: expected a non-empty string or null, got {value!r}")
+    return value
+
+
 def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
     """``value`` must be one of ``choices`` (compared by equality, types included: ``1`` is not ``"1"``)."""
     options = tuple(choices)
@@ -85,3 +115,17 @@ def _range(low: float | None, high: float | None, low_open: bool, high_open: boo
 def _num(v: float | None) -> str:
     """Ints in full (a seed bound of 2**32 - 1 reads as 4294967295), floats compactly."""
     return str(v) if isinstance(v, int) else f"{v:g}" if v is not None else ""
+
+
+def checked(default: Any, check: Callable[..., Any], note: str = "", **how: Any) -> Any:
+    """A dataclass field whose value ``check(key + note, value, **how)`` validates (see :func:`check_fields`);
+    ``note`` is said after the key (``" (null for no clipping)"``)."""
+    return field(default=default, metadata={"check": (check, note, how)})
+
+
+def check_fields(obj: Any, prefix: str) -> None:
+    """Run the checks declared with :func:`checked` on the fields of dataclass ``obj``, keys named ``prefix.field``."""
+    for f in fields(obj):
+        if "check" in f.metadata:
+            check, note, how = f.metadata["check"]
+            check(f"{prefix}.{f.name}{note}", getattr(obj, f.name), **how)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from ..train.schema import DataConfig, ModelConfig
 
 __all__ = [
+    "peer_attention",
     "DTBlockKeys",
     "FetchKey",
     "ImageKeys",
@@ -183,3 +184,17 @@ def check_token_model(m: ModelConfig) -> None:
 
 def check_init(m: ModelConfig) -> None:
     check_choice("model.init", m.init, INITS)
+
+
+def peer_attention(m: ModelConfig, what: str) -> None:
+    """A model kind that is another library's model (``what``, e.g. ``"Hugging Face's GPT2LMHeadModel"``) has its
+    own softmax attention: ``model.attention`` must be ``softmax`` (or ``softmax`` for every layer) and
+    ``model.attention_options`` null; anything else is a :class:`ConfigError`, never ignored."""
+    names = list(m.attention) if isinstance(m.attention, list | tuple) else [m.attention]
+    options = list(m.attention_options) if isinstance(m.attention_options, list | tuple) else [m.attention_options]
+    if any(n != "softmax" for n in names) or any(o is not None for o in options):
+        raise ValueError(
+            f"model.attention: model.kind {m.kind!r} is {what}, with its own softmax attention in every layer; "
+            f"set model.attention 'softmax' and model.attention_options null (got {m.attention!r} with "
+            f"options {m.attention_options!r})"
+        )

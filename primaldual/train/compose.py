@@ -33,13 +33,13 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationToMissingValueError, OmegaConfBaseException
 
+from ..models.plans import PLAN_KEYS
 from .yaml_values import load_yaml
 
 __all__ = ["ComposeError", "Composition", "SearchPath", "compose"]
 
 BASE, TASKS, MODELS, BUDGETS = "_base.yaml", "_tasks", "_models", "_budgets"
 MAPS = {"models": MODELS, "budgets": BUDGETS}  # task-file maps: values per model / per budget
-PLAN_KEYS = ("plan", "primal_options", "base", "base_options", "primal_layers")
 PACKAGE_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 

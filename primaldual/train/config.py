@@ -18,15 +18,15 @@ and lists the valid ones.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from ..models.plans import expand_plan
 from ..utils.errors import ConfigError
-from .compose import BUDGETS, MODELS, PLAN_KEYS, Composed, ComposeError, SearchPath, compose, lookup, not_found
+from .compose import BUDGETS, MODELS, Composed, ComposeError, SearchPath, compose, lookup, not_found
 from .compose import TASKS as TASK_FOLDER
 from .schema import DataConfig, ModelConfig, OptimConfig, RunConfig, ScheduleConfig, TrainerConfig, config_class
 from .validate import check_file, foreign_default, unknown_key, validate_config
@@ -73,34 +73,6 @@ def search_path(config_dir: str | os.PathLike | None = None) -> list[Path]:
     return SearchPath(config_dir).roots
 
 
-def _plan_presets() -> dict[str, Callable[..., dict[str, list]]]:
-    from ..models.plans import primal_plus, primalformer
-
-    return {"primalformer": primalformer, "primal_plus": primal_plus}
-
-
-def _expand_plan(model: dict[str, Any]) -> None:
-    """``model.plan`` (+ ``primal_options``, ``base``, ``base_options``, ``primal_layers``) -> attention lists."""
-    plan = model.pop("plan", None)
-    opts = {k: model.pop(k) for k in PLAN_KEYS[1:] if k in model}
-    if plan is None:
-        if opts:
-            raise ConfigError(f"model.{next(iter(opts))}: only used with model.plan (primalformer or primal_plus)")
-        return
-    presets = _plan_presets()
-    if plan not in presets:
-        raise ConfigError(f"model.plan: expected one of {sorted(presets)}, got {plan!r}")
-    primal = opts.pop("primal_options", None) or {}
-    if not isinstance(primal, dict):
-        raise ConfigError(f"model.primal_options: expected a mapping of primal options, got {primal!r}")
-    if plan == "primalformer" and opts:
-        raise ConfigError(f"model.{next(iter(opts))}: not an option of plan 'primalformer' (every layer is primal)")
-    try:
-        model.update(presets[plan](model.get("depth", ModelConfig.depth), **opts, **primal))
-    except (TypeError, ValueError, KeyError) as e:
-        raise ConfigError(f"model.plan {plan!r}: {e}") from None
-
-
 def _known_key(key: str, task: Any = None) -> bool:
     """Whether dotted ``key`` is a key of ``task``'s run config (the rest is reported by :func:`apply_overrides`)."""
     try:
@@ -121,7 +93,7 @@ def _compose(spec: str, overrides: list[tuple[str, Any]] = (), config_dir: str |
         raise ConfigError(str(e)) from None
     try:
         if isinstance(c.values.get("model"), dict):
-            _expand_plan(c.values["model"])
+            expand_plan(c.values["model"], ModelConfig.depth)
     except ConfigError as e:
         raise ConfigError(f"{c.origin}: {e}") from None
     return c

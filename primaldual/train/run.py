@@ -38,7 +38,6 @@ from .config import ConfigError, RunConfig, load_config
 from .lock import RunLock
 from .logs import loggers, progress_bar, quiet_dependencies
 from .rundir import check_run_dir, default_run_dir, is_launcher_process, prepare_run_dir, run_config
-from .validate import check_machine
 
 __all__ = [
     "build_datamodule",
@@ -386,3 +385,25 @@ def set_threads(n: int | None, flag: str = "--threads", workers: int = 0) -> int
             stacklevel=2,
         )
     return threads
+
+
+def check_machine(cfg: RunConfig) -> None:
+    """Raise :class:`ConfigError` when ``trainer.accelerator`` names hardware this machine does not have, or
+    ``trainer.devices`` asks for more devices of it than there are (checked when a run starts, not on load: a run's
+    config stays loadable, for analysis, on a machine without its accelerator)."""
+    acc = cfg.trainer.accelerator
+    if acc in ("auto", "cpu"):
+        return
+    from lightning.pytorch.accelerators import AcceleratorRegistry, CUDAAccelerator, MPSAccelerator
+
+    classes = [CUDAAccelerator, MPSAccelerator] if acc == "gpu" else [AcceleratorRegistry[acc]["accelerator"]]
+    available = [c for c in classes if c.is_available()]
+    if not available:
+        raise ConfigError(
+            f"trainer.accelerator: {acc!r}, but this machine has no such device (torch sees none); "
+            "use --trainer.accelerator cpu or auto"
+        )
+    devices = cfg.trainer.devices
+    count = max(c.auto_device_count() for c in available)
+    if isinstance(devices, int) and not isinstance(devices, bool) and devices > count:
+        raise ConfigError(f"trainer.devices: {devices} {acc} devices requested, but this machine has {count}")

@@ -15,9 +15,15 @@ from dataclasses import asdict, dataclass, field, fields, make_dataclass
 from functools import cache
 from typing import Any, ClassVar
 
+from ..options import check_bool, check_choice, check_int, check_number, check_optional_str, checked
 from ..tasks.base import COMMON_SECTIONS, Task, config_parts, exclusive_keys, get_task
 
+#: the largest model.dim (and num_heads; ffn_dim: 4x) and model.depth a config may ask for
+MAX_WIDTH, MAX_DEPTH = 65_536, 1_024
+
 __all__ = [
+    "MAX_DEPTH",
+    "MAX_WIDTH",
     "SECTIONS",
     "DataConfig",
     "ModelConfig",
@@ -37,11 +43,11 @@ class DataConfig:
     length, tokens per sample, or the context in timesteps). Keys some tasks add: :mod:`primaldual.tasks.checks`."""
 
     name: str = "JapaneseVowels"
-    root: str | None = None
-    batch_size: int = 16
-    eval_batch_size: int = 256
-    num_workers: int = 0
-    max_len: int | None = None
+    root: str | None = checked(None, check_optional_str)
+    batch_size: int = checked(16, check_int, low=1)
+    eval_batch_size: int = checked(256, check_int, low=1)
+    num_workers: int = checked(0, check_int, low=0)
+    max_len: int | None = checked(None, check_int, low=1, allow_none=True)
 
 
 @dataclass
@@ -52,11 +58,13 @@ class ModelConfig:
     Decision Transformer): :mod:`primaldual.tasks.checks`."""
 
     kind: str = "auto"
-    dim: int = 512
-    depth: int = 2
-    num_heads: int = 8
-    ffn_dim: int = 2048
-    dropout: float = 0.1
+    # upper bounds far above any model a run trains (GPT-3's width is 12,288), so that a typo such as an extra
+    # three zeros is a one-line error, not an allocator's overflow after the data is loaded
+    dim: int = checked(512, check_int, low=1, high=MAX_WIDTH)
+    depth: int = checked(2, check_int, low=1, high=MAX_DEPTH)
+    num_heads: int = checked(8, check_int, low=1, high=MAX_WIDTH)
+    ffn_dim: int = checked(2048, check_int, low=1, high=4 * MAX_WIDTH)
+    dropout: float = checked(0.1, check_number, low=0, high=1, high_open=True)
     attention: Any = "primal"  # a registry name, or one name per layer
     attention_options: Any = None  # a dict, or one dict (or null) per layer
 
@@ -81,11 +89,11 @@ class ModelConfig:
 class OptimConfig:
     """Optimiser. ``betas`` / ``eps`` apply to the Adam family (None: the optimiser's default)."""
 
-    name: str = "radam"
-    lr: float = 1e-3
-    weight_decay: float = 0.0
+    name: str = checked("radam", check_choice, choices=("radam", "adam", "adamw", "sgd"))
+    lr: float = checked(1e-3, check_number, low=0, low_open=True)
+    weight_decay: float = checked(0.0, check_number, low=0)
     betas: Any = None
-    eps: float | None = None
+    eps: float | None = checked(None, check_number, low=0, low_open=True, allow_none=True)
 
 
 @dataclass
@@ -95,9 +103,9 @@ class ScheduleConfig:
     ``cosine`` to 0; ``inverse_sqrt``: lr * sqrt(warmup_steps / step), fairseq's ``inverse_sqrt``, the LM
     reference). ``total_steps`` None: ``trainer.max_steps``."""
 
-    warmup_steps: int = 0
-    decay: str = "constant"
-    total_steps: int | None = None
+    warmup_steps: int = checked(0, check_int, low=0)
+    decay: str = checked("constant", check_choice, choices=("constant", "linear", "cosine", "inverse_sqrt"))
+    total_steps: int | None = None  # checked after the trainer (it may reference trainer.max_steps)
 
 
 @dataclass
@@ -112,15 +120,18 @@ class TrainerConfig:
     val_check_interval: int | None = None  # step-based: evaluate (and checkpoint) every this many steps
     accelerator: str = "auto"
     devices: Any = 1
-    num_nodes: int = 1
+    num_nodes: int = checked(1, check_int, low=1)
     strategy: str = "auto"
     precision: str = "32-true"
-    gradient_clip_val: float | None = None
-    log_every_n_steps: int = 5
-    enable_progress_bar: bool = True
-    accumulate_grad_batches: int = 1
-    compile: bool = False
-    logger: str = "csv"  # csv (always written) | tensorboard | wandb (offline unless WANDB_MODE says otherwise)
+    gradient_clip_val: float | None = checked(
+        None, check_number, " (null for no clipping)", low=0, low_open=True, allow_none=True
+    )
+    log_every_n_steps: int = checked(5, check_int, low=1)
+    enable_progress_bar: bool = checked(True, check_bool)
+    accumulate_grad_batches: int = checked(1, check_int, low=1)
+    compile: bool = checked(False, check_bool)
+    # csv (always written) | tensorboard | wandb (offline unless WANDB_MODE says otherwise)
+    logger: str = checked("csv", check_choice, choices=("csv", "tensorboard", "wandb"))
 
 
 @dataclass

@@ -105,11 +105,3 @@ def override_value(text: str, flag: str) -> Any:
     except yaml.YAMLError as e:
         reason = " ".join(str(e).split())[:160]
         raise ConfigError(f"{flag}: {text!r} is not a valid YAML value ({reason})") from None
-
-
-def yaml_hint(key: Any) -> str:
-    """A hint for a key such as ``'s:4'``, which YAML reads from ``{s:4}`` (no space after the colon)."""
-    if isinstance(key, str) and ":" in key:
-        k, _, v = key.partition(":")
-        return f" (YAML reads {{{key}}} as the key {key!r}; write {{{k}: {v}}} with a space after the colon)"
-    return ""

@@ -15,7 +15,6 @@ from torch import nn
 
 from ...options import check_bool
 from ...train.config import ConfigError, RunConfig
-from ...train.validate import peer_attention
 from ..base import Task, data_info, register_task
 from ..checks import (
     InitKey,
@@ -25,6 +24,7 @@ from ..checks import (
     check_init,
     check_token_model,
     check_val_size,
+    peer_attention,
 )
 from ..protocols import LM_HELDOUT, Protocol
 

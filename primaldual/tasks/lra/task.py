@@ -34,9 +34,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ...data.cache import dataset_dir
-from ...options import check_choice, check_int
+from ...options import check_choice, check_int, check_name, check_optional_str
 from ...train.config import ConfigError, DataConfig, RunConfig
-from ...train.validate import optional_str, path_part
 from ..base import register_task
 from ..checks import (
     FetchKey,
@@ -94,8 +93,8 @@ class LRATask(ClassificationTask):
     def check(self, cfg: RunConfig) -> None:
         d, m = cfg.data, cfg.model
         self.check_name(d.name)
-        path_part("data.name", d.name)
-        optional_str("data.stand_in", d.stand_in)
+        check_name("data.name", d.name)
+        check_optional_str("data.stand_in", d.stand_in)
         check_val_size(d)
         check_token_model(m)
         check_num_classes(m)

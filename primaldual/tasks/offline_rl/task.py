@@ -16,11 +16,10 @@ from __future__ import annotations
 from typing import Any
 
 from ...encoder import ACTIVATIONS
-from ...options import check_bool, check_choice, check_int, check_number
+from ...options import check_bool, check_choice, check_int, check_name, check_number
 from ...train.config import ConfigError, RunConfig
-from ...train.validate import path_part, peer_attention
 from ..base import Task, data_info, register_task
-from ..checks import DTBlockKeys, InitKey, check_init
+from ..checks import DTBlockKeys, InitKey, check_init, peer_attention
 from ..protocols import Protocol
 from .config import RLConfig
 
@@ -43,7 +42,7 @@ class OfflineRLTask(Task):
     example_splits = False  # evaluated by rollouts
 
     def check(self, cfg: RunConfig) -> None:
-        path_part("data.name", cfg.data.name)
+        check_name("data.name", cfg.data.name)
         if cfg.data.max_len is None:
             raise ConfigError("data.max_len: task 'offline_rl' needs the context K in timesteps (e.g. 20)")
         m = cfg.model

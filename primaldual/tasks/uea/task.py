@@ -10,8 +10,8 @@ from typing import Any
 
 from torch import nn
 
+from ...options import check_name
 from ...train.config import RunConfig
-from ...train.validate import path_part
 from ..base import register_task
 from ..checks import FetchKey, ValFractionKey, check_fetch, check_val_fraction
 from ..classification import ClassificationTask
@@ -27,7 +27,7 @@ class UEATask(ClassificationTask):
     config = {"data": (FetchKey, ValFractionKey)}
 
     def check(self, cfg: RunConfig) -> None:
-        path_part("data.name", cfg.data.name)
+        check_name("data.name", cfg.data.name)
         check_fetch(cfg.data)
         check_val_fraction(cfg.data)
 

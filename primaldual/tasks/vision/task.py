@@ -10,9 +10,8 @@ from typing import Any
 
 from torch import nn
 
-from ...options import check_int, check_number
+from ...options import check_int, check_name, check_number
 from ...train.config import ConfigError, RunConfig
-from ...train.validate import path_part
 from ..base import register_task
 from ..checks import (
     ImageKeys,
@@ -43,7 +42,7 @@ class VisionTask(ClassificationTask):
 
     def check(self, cfg: RunConfig) -> None:
         d, m = cfg.data, cfg.model
-        path_part("data.name", d.name)
+        check_name("data.name", d.name)
         check_int("data.image_size", d.image_size, low=1, allow_none=True)
         check_number("data.crop_pct", d.crop_pct, low=0, high=1, low_open=True)
         check_val_fraction(d)
