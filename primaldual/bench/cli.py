@@ -29,7 +29,10 @@ def _lra(args: argparse.Namespace) -> int:
     from . import lra
 
     if args.worker is None:  # check the lists here so that a typo is a one-line error before any case runs
-        for flag, given, known in (("--tasks", args.tasks, list(lra.TASKS)), ("--models", args.models, lra.MODELS)):
+        for flag, given, known in (
+            ("--tasks", args.tasks, list(lra.TASKS)),
+            ("--models", args.models, lra.BENCH_MODELS),
+        ):
             bad = [v.strip() for v in given.split(",") if v.strip() and v.strip() not in known]
             if bad:
                 raise ValueError(f"{flag}: unknown {bad}; choose from {list(known)}")
@@ -163,7 +166,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dim", type=int, default=64, help="--layer: width")
     p.add_argument("--heads", type=int, default=2, help="--layer: heads")
     p.add_argument("--task", default="listops", choices=list(lra.TASKS))
-    p.add_argument("--model", default="transformer", choices=list(lra.MODELS))
+    p.add_argument("--model", default="transformer", choices=list(lra.BENCH_MODELS))
     p.add_argument("--batch", type=int, default=None, help="batch size (default: the paper's batch for the task, 4)")
     p.add_argument("--steps", type=int, default=2, help="profiled training steps (or layer calls)")
     p.add_argument("--rows", type=int, default=12, help="rows per table")

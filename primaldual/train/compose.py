@@ -34,17 +34,14 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationToMissingValueError, OmegaConfBaseException
 
 from ..models.plans import PLAN_KEYS
+from ..utils.errors import ConfigError
 from .yaml_values import load_yaml
 
-__all__ = ["ComposeError", "Composition", "SearchPath", "compose"]
+__all__ = ["Composition", "SearchPath", "compose"]
 
 BASE, TASKS, MODELS, BUDGETS = "_base.yaml", "_tasks", "_models", "_budgets"
 MAPS = {"models": MODELS, "budgets": BUDGETS}  # task-file maps: values per model / per budget
 PACKAGE_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-
-
-class ComposeError(ValueError):
-    """A config that cannot be found or composed; the message names the file and key."""
 
 
 class SearchPath:
@@ -52,7 +49,7 @@ class SearchPath:
 
     def __init__(self, config_dir: str | os.PathLike | None = None) -> None:
         if config_dir is not None and not Path(config_dir).is_dir():
-            raise ComposeError(f"--config-dir: {config_dir} is not a directory")
+            raise ConfigError(f"--config-dir: {config_dir} is not a directory")
         roots = [Path(config_dir)] if config_dir is not None else []
         roots += [Path.cwd() / "configs"] if (Path.cwd() / "configs").is_dir() else []
         self.roots = list(dict.fromkeys(r.resolve() for r in [*roots, PACKAGE_CONFIGS]))
@@ -125,14 +122,14 @@ def lookup(spec: str, search: SearchPath) -> Path | Composed | None:
     return None
 
 
-def not_found(spec: str, search: SearchPath) -> ComposeError:
+def not_found(spec: str, search: SearchPath) -> ConfigError:
     hint = ""
     for fam in sorted(search.configs()[1]):
         if spec.startswith(fam + "/") and spec.count("/") >= 2:
             parts = ", ".join(f"{f[1:]} {search.names(fam, f)}" for f in (TASKS, MODELS, BUDGETS))
             hint = f"; {fam}/<task>/[<budget>/]<model> is composed from {parts}"
     where = ", ".join(map(str, search.roots))
-    return ComposeError(
+    return ConfigError(
         f"config {spec!r} not found (neither a file nor a name under {where}{hint}; see `primaldual configs`)"
     )
 
@@ -142,9 +139,9 @@ def read(path: Path) -> dict[str, Any]:
         values = load_yaml(path.read_text())
     except (yaml.YAMLError, OSError) as e:
         what = "not valid YAML" if isinstance(e, yaml.YAMLError) else "cannot read"
-        raise ComposeError(f"{path}: {what}: {e}") from None
+        raise ConfigError(f"{path}: {what}: {e}") from None
     if not isinstance(values, dict | None):
-        raise ComposeError(f"{path}: expected a mapping at the top level, got {type(values).__name__}")
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(values).__name__}")
     return values or {}
 
 
@@ -166,7 +163,7 @@ class _Composer:
         self.files.append((dict(raw), path, maps, fragment))
         if len(stack) == 1:
             if not raw:  # a full default run (width 512, 100 epochs) is never what an empty file meant
-                raise ComposeError(f"{path}: empty (no keys); a config sets its task, or builds on one with defaults")
+                raise ConfigError(f"{path}: empty (no keys); a config sets its task, or builds on one with defaults")
             self.named = "name" in raw
         values = OmegaConf.create()
         for entry in raw.pop("defaults", None) or []:
@@ -180,11 +177,11 @@ class _Composer:
             lookup(entry, self.search) if not entry.endswith(".yaml") else including.parent / Path(entry).expanduser()
         )
         if target is None or (isinstance(target, Path) and not target.is_file()):
-            raise ComposeError(f"{including}: defaults entry {entry!r} not found (neither a file nor a config name)")
+            raise ConfigError(f"{including}: defaults entry {entry!r} not found (neither a file nor a config name)")
         if isinstance(target, Composed):
             return self.composed(target, stack)
         if target.parent.name == TASKS and (target.parent.parent / BASE).is_file():
-            raise ComposeError(
+            raise ConfigError(
                 f"{including}: defaults entry {entry!r} is a task fragment, whose models/budgets maps apply only "
                 "to composed names; include a name such as <family>/<task>/<model> instead"
             )
@@ -204,7 +201,7 @@ class _Composer:
         for key, name in (("models", c.model), ("budgets", c.budget)):
             known = self.search.names(c.family, MAPS[key])
             if unknown := [e for e in per[key] if e not in known]:
-                raise ComposeError(f"{task_path}: {key}: unknown {key[:-1]} {unknown[0]!r}; expected one of {known}")
+                raise ConfigError(f"{task_path}: {key}: unknown {key[:-1]} {unknown[0]!r}; expected one of {known}")
             if name is not None and per[key].get(name):
                 values = merge(values, per[key][name])
                 self.sources.append(f"{self.search.show(task_path)} ({key}.{name})")
@@ -214,7 +211,7 @@ class _Composer:
 
 def _enter(key: str, stack: tuple[str, ...]) -> tuple[str, ...]:
     if key in stack:
-        raise ComposeError(f"defaults cycle: {' -> '.join((*stack[stack.index(key) :], key))}")
+        raise ConfigError(f"defaults cycle: {' -> '.join((*stack[stack.index(key) :], key))}")
     return (*stack, key)
 
 
@@ -252,7 +249,7 @@ def compose(
     if isinstance(target, Composed):
         values, label = composer.composed(target, ()), target.name
     elif search.is_fragment(target):
-        raise ComposeError(
+        raise ConfigError(
             f"{spec!r} is a fragment ({search.show(target)}), a part of composed configs, not a runnable config; "
             "run a name from `primaldual configs`, e.g. <family>/<task>/<model>"
         )
@@ -262,37 +259,27 @@ def compose(
             values["name"] = target.stem
     origin = f"{label} (from {', '.join(composer.sources)})" if len(composer.sources) > 1 else label
     task = dict(overrides).get("task", values.get("task"))
-    for key, value in overrides:
-        if known(key, task):
-            _set(values, key.split("."), value)
     missing = "no value given (??? marks a value a task or model file must set)"
     try:
+        for key, value in overrides:
+            if known(key, task):
+                OmegaConf.update(values, key, value, merge=False, force_add=True)
         plain = OmegaConf.to_container(values, resolve=True)
     except InterpolationToMissingValueError as e:
-        raise ComposeError(f"{origin}: {e.full_key}: {missing}") from None
+        raise ConfigError(f"{origin}: {e.full_key}: {missing}") from None
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)
-        raise ComposeError(f"{origin}: {key + ': ' if key else ''}{str(e).splitlines()[0]}") from None
-    plain.pop("vars", None)
-    if (at := _find_missing(plain)) is not None:
-        raise ComposeError(f"{origin}: {at}: {missing}")
+        raise ConfigError(f"{origin}: {key + ': ' if key else ''}{str(e).splitlines()[0]}") from None
+    plain.pop("vars", None)  # values only referenced: one still ??? is never needed
+    if (at := _find_missing(plain)) is not None:  # resolved: a reference to ??? is ??? here
+        raise ConfigError(f"{origin}: {at}: {missing}")
     for raw, path, maps, fragment in composer.files:
         check(raw, path, maps, fragment, plain.get("task"))
     return Composition(plain, composer.sources, origin)
 
 
-def _set(node: DictConfig, parts: list[str], value: Any) -> None:
-    for part in parts[:-1]:
-        if node.get(part) is None:
-            node[part] = {}
-        node = node[part]
-        if not isinstance(node, DictConfig):
-            return  # a path through a value: reported on the built config
-    node[parts[-1]] = value
-
-
 def _find_missing(v: Any, at: str = "") -> str | None:
-    """The first key of resolved values whose value is still ``???``."""
+    """The first key (in file order) of resolved values whose value is still ``???``."""
     if isinstance(v, str) and v == "???":
         return at
     items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()

@@ -26,7 +26,7 @@ import yaml
 
 from ..models.plans import expand_plan
 from ..utils.errors import ConfigError
-from .compose import BUDGETS, MODELS, Composed, ComposeError, SearchPath, compose, lookup, not_found
+from .compose import BUDGETS, MODELS, Composed, SearchPath, compose, lookup, not_found
 from .compose import TASKS as TASK_FOLDER
 from .schema import DataConfig, ModelConfig, OptimConfig, RunConfig, ScheduleConfig, TrainerConfig, config_class
 from .validate import check_file, foreign_default, unknown_key, validate_config
@@ -87,10 +87,7 @@ def _known_key(key: str, task: Any = None) -> bool:
 
 
 def _compose(spec: str, overrides: list[tuple[str, Any]] = (), config_dir: str | os.PathLike | None = None):
-    try:
-        c = compose(str(spec), SearchPath(config_dir), check_file, overrides, _known_key)
-    except ComposeError as e:
-        raise ConfigError(str(e)) from None
+    c = compose(str(spec), SearchPath(config_dir), check_file, overrides, _known_key)
     try:
         if isinstance(c.values.get("model"), dict):
             expand_plan(c.values["model"], ModelConfig.depth)
@@ -117,7 +114,7 @@ def find_config(spec: str, config_dir: str | os.PathLike | None = None) -> Path:
     search = SearchPath(config_dir)
     target = lookup(spec, search)
     if target is None:
-        raise ConfigError(str(not_found(spec, search)))
+        raise not_found(spec, search)
     return search.find(f"{target.family}/{TASK_FOLDER}/{target.task}.yaml") if isinstance(target, Composed) else target
 
 

@@ -2,8 +2,10 @@
 
 The generic checks know no task by name and cover the common keys; the task checks the keys it declares
 (:meth:`primaldual.tasks.Task.check`), which exist in its configs only. Also here: the schema check of one
-config file (:func:`check_file`, unknown keys named with the file) and the check against the machine
-(:func:`check_machine`, when a run starts).
+config file (:func:`check_file`, unknown keys named with the file). Checks that belong to what they check live
+there: each common key's own range on its field (:func:`primaldual.options.checked`), the attention plan in
+:func:`primaldual.models.plans.check_plan`, the machine in :func:`primaldual.train.run.check_machine` (when a run
+starts).
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ def validate_config(cfg: RunConfig) -> RunConfig:
     Covers what the run passes on: the attention of every layer is looked up in the registry and built (on the
     ``meta`` device, so no memory is used) with the config's width, heads and options, so an unknown attention
     or option, or an out-of-range option value, is reported here under its config key. What depends on the
-    machine (an accelerator that is not there) is checked by :func:`check_machine` when a run starts.
+    machine (an accelerator that is not there) is checked by :func:`~primaldual.train.run.check_machine` when a run
+    starts.
     """
     try:
         _validate_config(cfg)

@@ -7,12 +7,12 @@ import shutil
 
 import pytest
 
-from primaldual.bench.lra import MODELS, TASKS, lra_table, model_attention, run_lra
+from primaldual.bench.lra import BENCH_MODELS, TASKS, lra_table, model_attention, run_lra
 
 
 def test_every_model_maps_to_two_layers():
     for task in TASKS:
-        for model in MODELS:
+        for model in BENCH_MODELS:
             names, opts = model_attention(model, task)
             assert len(names) == len(opts) == 2
     names, opts = model_attention("transformer_eager", "listops")  # the paper's baseline: the N x N matrix formed
