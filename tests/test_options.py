@@ -89,3 +89,27 @@ def test_good_values_pass_unchanged():
 def test_messages_name_option_value_and_allowed(call, match):
     with pytest.raises((TypeError, ValueError), match=match):
         call()
+
+
+def test_checked_fields_run_their_own_checks_with_the_key_named():
+    from dataclasses import dataclass
+
+    from primaldual.options import check_fields, check_int, check_name, check_optional_str, checked
+
+    @dataclass
+    class Section:
+        size: int = checked(4, check_int, low=1)
+        clip: float | None = checked(None, check_number, " (null for none)", low=0, low_open=True, allow_none=True)
+        plain: str = "anything"
+
+    check_fields(Section(), "sec")  # the defaults pass; an unchecked field is left alone
+    with pytest.raises(TypeError, match=r"sec.size must be an int >= 1, got '4' \(str\)"):
+        check_fields(Section(size="4"), "sec")
+    with pytest.raises(ValueError, match=r"sec.clip \(null for none\) must be a number > 0, got 0"):
+        check_fields(Section(clip=0), "sec")
+    assert check_name("name", "run-1") == "run-1" and check_optional_str("root", None) is None
+    for bad in ("a/b", ".hidden", "", 7):
+        with pytest.raises(ValueError, match="name: expected a name usable as a directory name"):
+            check_name("name", bad)
+    with pytest.raises(ValueError, match="root: expected a non-empty string or null"):
+        check_optional_str("root", "")
