@@ -175,14 +175,15 @@ class CausalLM(nn.Module):
         self._check_ids(ids_t, "ids_t")
         B = ids_t.shape[0]
         real = torch.ones(B, dtype=torch.bool, device=ids_t.device) if mask_t is None else mask_t
-        return self.unchecked_step(ids_t, state, real, check=True)
+        return self._advance(ids_t, state, real, check=True)
 
-    def unchecked_step(
-        self, ids_t: Tensor, state: LMState, real: Tensor, check: bool = False
-    ) -> tuple[Tensor, LMState]:
+    def unchecked_step(self, ids_t: Tensor, state: LMState, real: Tensor) -> tuple[Tensor, LMState]:
         """:meth:`step` without its checks of the ids and positions (``real`` ``(B,)`` bool, required): no value
         leaves the device, so a CUDA graph can capture it (``primaldual bench decode --cuda-graph``). The caller
         vouches for the ids (e.g. the model's own argmax) and for positions below ``max_len``."""
+        return self._advance(ids_t, state, real, check=False)
+
+    def _advance(self, ids_t: Tensor, state: LMState, real: Tensor, check: bool) -> tuple[Tensor, LMState]:
         positions = (state.count + real.long() - 1).clamp_min(0)  # (B,) as cumsum(mask) - 1 in forward
         h, layers = self.decoder.step(self._embed(ids_t, positions, check), state.layers, real)
         return self._logits(h), LMState(layers, state.count + real.long())
