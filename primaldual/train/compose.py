@@ -222,26 +222,31 @@ def merge(into: DictConfig, new: dict[str, Any] | DictConfig) -> DictConfig:
     raw = OmegaConf.to_container(new, resolve=False)  # None without resolving a reference (public API only)
     for k in [k for k, v in raw.items() if v is None and isinstance(into.get(k), DictConfig)]:
         new.pop(k)
-    model, incoming = into.get("model"), new.get("model")
-    if isinstance(model, DictConfig) and isinstance(incoming, DictConfig):
-        plan = "plan" in incoming
-        if plan or {"attention", "attention_options"} & set(incoming.keys()):
-            for k in ("attention", "attention_options") if plan else PLAN_KEYS:
-                model.pop(k, None)
+    if isinstance(incoming := new.get("model"), DictConfig):
+        drop_alternatives(into, incoming.keys())
     return OmegaConf.merge(into, new)
+
+
+def drop_alternatives(values: DictConfig, incoming: Iterable[str]) -> None:
+    """Before ``model`` keys ``incoming`` are set: ``plan`` drops ``attention`` / ``attention_options`` from
+    ``values.model``, and either of those drops the plan's keys (files and overrides follow the same rule)."""
+    model, incoming = values.get("model"), set(incoming)
+    if isinstance(model, DictConfig) and (plan := "plan" in incoming) | bool(
+        {"attention", "attention_options"} & incoming
+    ):
+        for k in ("attention", "attention_options") if plan else PLAN_KEYS:
+            model.pop(k, None)
 
 
 def compose(
     spec: str,
     search: SearchPath,
     check: Callable[..., None],
-    overrides: Iterable[tuple[str, Any]] = (),
-    known: Callable[[str, Any], bool] = lambda key, task: True,
+    overrides: Callable[[DictConfig], None] = lambda values: None,
 ) -> Composition:
     """Merged, resolved values of a config file or name. ``check(values, path, maps, fragment, task)`` checks one
     file: its shapes while merging (``task`` None), then its keys against the composed config's ``task``.
-    ``overrides``: ``(dotted key, value)`` pairs set before references are resolved, for the keys ``known(key,
-    task)`` accepts (the rest are the caller's to report)."""
+    ``overrides(values)`` sets the command line's values on the merged ones, before references are resolved."""
     target = lookup(spec, search)
     if target is None:
         raise not_found(spec, search)
@@ -258,12 +263,9 @@ def compose(
         if not composer.named:  # a file's run name defaults to its stem
             values["name"] = target.stem
     origin = f"{label} (from {', '.join(composer.sources)})" if len(composer.sources) > 1 else label
-    task = dict(overrides).get("task", values.get("task"))
     missing = "no value given (??? marks a value a task or model file must set)"
     try:
-        for key, value in overrides:
-            if known(key, task):
-                OmegaConf.update(values, key, value, merge=False, force_add=True)
+        overrides(values)
         plain = OmegaConf.to_container(values, resolve=True)
     except InterpolationToMissingValueError as e:
         raise ConfigError(f"{origin}: {e.full_key}: {missing}") from None

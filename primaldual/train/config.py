@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from omegaconf import DictConfig, OmegaConf
 
-from ..models.plans import expand_plan
+from ..models.plans import PLAN_KEYS, expand_plan
 from ..utils.errors import ConfigError
-from .compose import BUDGETS, MODELS, Composed, SearchPath, compose, lookup, not_found
+from .compose import BUDGETS, MODELS, Composed, SearchPath, compose, drop_alternatives, lookup, not_found
 from .compose import TASKS as TASK_FOLDER
 from .schema import DataConfig, ModelConfig, OptimConfig, RunConfig, ScheduleConfig, TrainerConfig, config_class
 from .validate import check_file, foreign_default, unknown_key, validate_config
@@ -73,21 +74,11 @@ def search_path(config_dir: str | os.PathLike | None = None) -> list[Path]:
     return SearchPath(config_dir).roots
 
 
-def _known_key(key: str, task: Any = None) -> bool:
-    """Whether dotted ``key`` is a key of ``task``'s run config (the rest is reported by :func:`apply_overrides`)."""
-    try:
-        node: Any = config_class(task if task is not None else RunConfig.task)().to_dict()
-    except ConfigError:  # an unknown task: reported when the config is built
-        return False
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
-    return True
+def _compose(spec: str, pairs: list[tuple[str, Any]] = (), config_dir: str | os.PathLike | None = None):
+    def overrides(values: DictConfig) -> None:
+        set_overrides(values, pairs, dict(pairs).get("task", values.get("task")))
 
-
-def _compose(spec: str, overrides: list[tuple[str, Any]] = (), config_dir: str | os.PathLike | None = None):
-    c = compose(str(spec), SearchPath(config_dir), check_file, overrides, _known_key)
+    c = compose(str(spec), SearchPath(config_dir), check_file, overrides)
     try:
         if isinstance(c.values.get("model"), dict):
             expand_plan(c.values["model"], ModelConfig.depth)
@@ -142,63 +133,80 @@ def parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
     return pairs
 
 
+def _expanded(args: list[str] | None) -> list[tuple[str, Any]]:
+    """:func:`parse_overrides`, with ``--attention NAME`` as ``model.attention`` NAME and ``model.attention_options``
+    null (they were the old mechanism's), kept too: the run is renamed ``<name>-NAME`` once built."""
+    out: list[tuple[str, Any]] = []
+    for key, value in parse_overrides(args or []):
+        out += [("model.attention", value), ("model.attention_options", None)] if key == "attention" else []
+        out.append((key, value))
+    return out
+
+
+def set_overrides(values: DictConfig, pairs: list[tuple[str, Any]], task: Any) -> None:
+    """Set ``(dotted key, value)`` pairs on config values, each key checked against ``task``'s schema (deeper keys
+    only where the values hold a mapping); ``model.plan`` and ``model.attention`` replace each other, as in files."""
+    try:
+        schema = config_class(task)().to_dict()
+        schema["model"].update(dict.fromkeys(PLAN_KEYS))
+    except ConfigError:  # an unknown task: reported when the config is built
+        schema = None
+    for key, value in pairs:
+        if key == "attention":  # the switch's rename, done on the built config
+            continue
+        node, parts = schema, key.split(".")
+        for i, part in enumerate(parts if schema is not None else ()):
+            if not isinstance(node, dict):
+                if isinstance(OmegaConf.select(values, ".".join(parts[:i])), DictConfig):
+                    break  # inside a mapping value, such as model.attention_options.s
+                raise ConfigError(unknown_key(key, task, [], f" (from --{key}: {parts[i - 1]!r} is not a section)"))
+            if part not in node:
+                raise ConfigError(unknown_key(key, task, node, f" (from --{key})"))
+            node = node[part]
+        if parts[0] == "model" and len(parts) == 2:
+            drop_alternatives(values, parts[1:])
+        OmegaConf.update(values, key, value, merge=False, force_add=True)
+
+
 def load_config(
     spec: str | Path | None = None, overrides: list[str] | None = None, config_dir: str | os.PathLike | None = None
 ) -> RunConfig:
     """Load a config file or name (``None``: all defaults), composing it from its fragments, and apply
     command-line overrides (before the file's ``${...}`` references are resolved, so references follow them).
     ``config_dir``: a folder searched before ``./configs`` and the shipped configs."""
-    pairs = parse_overrides(overrides or [])
+    pairs = _expanded(overrides)
     if spec is None:
-        cfg, rest = RunConfig(), pairs
-    else:
-        # the run config's own keys are set while composing (so that references follow them), once; the rest (the
-        # --attention switch, unknown keys to report) on the built config
-        c = _compose(str(spec), pairs, config_dir)
-        try:
-            cfg = _build(RunConfig, c.values)
-        except (ConfigError, TypeError) as e:
-            raise ConfigError(f"{c.origin}: {e}") from None
-        rest = [(k, v) for k, v in pairs if not _known_key(k, dict(pairs).get("task", c.values.get("task")))]
-    return validate_config(_apply(cfg, rest))
+        return validate_config(_with(RunConfig(), pairs))
+    c = _compose(str(spec), pairs, config_dir)
+    try:
+        cfg = _build(RunConfig, c.values)
+    except ConfigError as e:
+        raise ConfigError(f"{c.origin}: {e}") from None
+    return validate_config(_renamed(cfg, pairs))
 
 
 def apply_overrides(cfg: RunConfig, args: list[str]) -> RunConfig:
-    """Apply ``--a.b value`` / ``--a.b=value`` / ``--attention NAME`` flags (values parsed as YAML)."""
-    return _apply(cfg, parse_overrides(args))
+    """``cfg`` with ``--a.b value`` / ``--a.b=value`` / ``--attention NAME`` flags applied (values parsed as YAML)."""
+    return _with(cfg, _expanded(args))
 
 
-def _apply(cfg: RunConfig, pairs: list[tuple[str, Any]]) -> RunConfig:
-    if not pairs:
-        return cfg
+def _with(cfg: RunConfig, pairs: list[tuple[str, Any]]) -> RunConfig:
     d = cfg.to_dict()
-    if (task := dict(pairs).get("task", d["task"])) != d["task"]:
-        # another task: the old one's own keys go where they are at their defaults, the new one's come in at theirs
-        type(cfg).drop_own_defaults(d)
-        cls = config_class(task)
-        new = cls().to_dict()
-        for section, key in cls.added:
-            if key is None:
-                d.setdefault(section, new[section])
-            else:
-                d[section].setdefault(key, new[section][key])
+    if (task := dict(pairs).get("task", cfg.task)) != cfg.task:
+        type(cfg).drop_own_defaults(d)  # the old task's keys at their defaults go; the new one's come in at theirs
+    values = OmegaConf.create(d)
+    set_overrides(values, pairs, task)
+    d = OmegaConf.to_container(values, resolve=False)  # verbatim: nothing here is a reference
+    expand_plan(d["model"], ModelConfig.depth)
+    return _renamed(_build(RunConfig, d), pairs)
+
+
+def _renamed(cfg: RunConfig, pairs: list[tuple[str, Any]]) -> RunConfig:
+    """After ``--attention NAME``: the run is ``<name>-NAME``."""
     for key, value in pairs:
-        if key == "attention":  # the one-flag switch to any registered mechanism
-            d["model"]["attention"], d["model"]["attention_options"] = value, None
-            d["name"] = f"{d['name']}-{value}" if isinstance(value, str) else d["name"]
-            continue
-        node, parts = d, key.split(".")
-        for part in parts[:-1]:
-            if not isinstance(node.get(part), dict):
-                raise ConfigError(unknown_key(key, d["task"], node, f" (from --{key}: {part!r} is not a section)"))
-            node = node[part]
-        if parts[-1] not in node:
-            raise ConfigError(unknown_key(key, d["task"], node, f" (from --{key})"))
-        node[parts[-1]] = value
-    try:
-        return _build(RunConfig, d)
-    except (ConfigError, TypeError) as e:
-        raise ConfigError(str(e)) from None
+        if key == "attention" and isinstance(value, str):
+            cfg.name = f"{cfg.name}-{value}"
+    return cfg
 
 
 def dump_config(cfg: RunConfig) -> str:

@@ -102,6 +102,18 @@ def test_one_flag_attention_switch_drops_old_options():
     assert cfg.fingerprint() != base.fingerprint()  # a different run directory
 
 
+def test_an_override_replaces_the_plan_as_a_later_file_does():
+    # --model.attention on a plan config was overwritten by the plan once expanded: silently ignored
+    cfg = load_config("lra/listops/primal_plus", ["--model.attention", "softmax"])
+    assert cfg.model.attention == "softmax" and cfg.name == "primal_plus"
+    cfg = load_config("lra/listops/transformer", ["--model.plan", "primalformer"])
+    assert cfg.model.attention == ["primal"] * cfg.model.depth
+    opts = load_config("uea/JapaneseVowels/primalformer", ["--model.attention_options.s", "7"]).model.attention_options
+    assert opts["s"] == 7  # a key inside a mapping value
+    with pytest.raises(ConfigError, match=r"model.dropout.p.*'dropout' is not a section"):
+        load_config("uea/JapaneseVowels/primalformer", ["--model.dropout.p", "0.1"])
+
+
 def test_help_lists_attentions_and_configs(capsys):
     from primaldual.cli import main
 
