@@ -172,6 +172,13 @@ def test_shipped_conversion_configs_load():
     for name in ("primal_plus", "primalformer", "hybrid", "window"):
         conv = load_convert_config(f"lm/english/convert/{name}")
         assert conv.stage1.tokens + conv.stage2.tokens <= 12_288_000 // 10  # at most 10% of the medium teacher's
+        assert conv.data is None  # a primaldual run's own data
+    from primaldual.tasks.lm.convert_hf import HFData
+
+    for name, steps in (("smollm2_primal_plus", (60, 40)), ("smollm2_hybrid", (30, 20))):
+        conv = load_convert_config(f"lm/english/convert/{name}")
+        data = HFData.build(conv.data)  # the budgets of docs/results.md's SmolLM2 table, in updates
+        assert (conv.stage1.tokens, conv.stage2.tokens) == tuple(n * data.batch_size * data.context for n in steps)
 
 
 def test_stage2_kl_to_the_teacher_is_zero_for_an_identical_teacher_and_kept_out_of_the_state():

@@ -46,10 +46,15 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_convert(args: argparse.Namespace) -> int:
     from ...train.config import parse_overrides
     from ...train.run import set_threads
-    from .convert import convert_run
+    from .convert import convert_run, load_convert_config
+    from .convert_hf import convert_hf_run, is_hf_teacher
 
     set_threads(args.threads)
     pairs = parse_overrides(args.overrides)  # --stage1.tokens 0 / --options.s=16: values are YAML
+    if is_hf_teacher(args.teacher):
+        conv = load_convert_config(args.config, pairs)
+        convert_hf_run(args.teacher, conv, args.config, seed=args.seed, run_dir=args.run_dir, fresh=args.fresh)
+        return 0
     convert_run(args.teacher, args.config, overrides=pairs, seed=args.seed, run_dir=args.run_dir, fresh=args.fresh)
     return 0
 
@@ -104,7 +109,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_export)
     p = subparsers.add_parser(
         "convert",
-        help="convert a trained softmax LM run to primal attention (attention transfer, then LM training)",
+        help="convert a trained softmax LM (a run, or a Hugging Face model) to primal attention",
         formatter_class=FORMATTER,
         allow_abbrev=False,
         epilog=examples(
@@ -112,13 +117,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "primaldual convert TEACHER_RUN -c lm/english/convert/hybrid --seed 1 --run-dir runs/hybrid_s1",
             "primaldual convert TEACHER_RUN -c lm/english/convert/primal_plus --stage1.tokens 0 --init random  "
             "# swap and finetune",
-            note="The conversion config (student, layers, options, init, stage1 / stage2 budgets in tokens) is a "
-            "shipped name lm/<corpus>/convert/<name> or a YAML path; --key value overrides it. The run directory "
-            "is an ordinary run's (resume, generate, test) plus convert.yaml and convert/ (stage 1). See "
-            "docs/conversion.md.",
+            "primaldual convert smollm2 -c lm/english/convert/smollm2_primal_plus --run-dir runs/smollm2_pp",
+            "primaldual convert ./my-llama -c lm/english/convert/smollm2_hybrid --data.text notes.txt",
+            note="TEACHER is a primaldual run of a softmax CausalLM, or a Hugging Face causal LM: a save_pretrained "
+            "directory, a .gguf file, or smollm2. The conversion config (student, layers, options, init, stage1 / "
+            "stage2 budgets in tokens; data: the text, for a Hugging Face teacher) is a shipped name "
+            "lm/<corpus>/convert/<name> or a YAML path; --key value overrides it. A run's conversion directory is "
+            "an ordinary run's (resume, generate, test) plus convert.yaml and convert/ (stage 1); a Hugging Face "
+            "one holds model/ (save_pretrained) and summary.json. See docs/conversion.md.",
         ),
     )
-    p.add_argument("teacher", metavar="TEACHER_RUN", help="a finished `primaldual fit` run of a softmax CausalLM")
+    p.add_argument(
+        "teacher",
+        metavar="TEACHER",
+        help="a finished `primaldual fit` run of a softmax CausalLM, or a Hugging Face causal LM (a save_pretrained "
+        "directory, a .gguf file, smollm2)",
+    )
     p.add_argument("--config", "-c", default="lm/english/convert/primal_plus", help="conversion config name or path")
     p.add_argument("--seed", type=int, default=0, help="the conversion's seed (default 0)")
     p.add_argument("--run-dir", default=None, help="run directory (default runs/lm/<dataset>/<name>-...)")

@@ -93,6 +93,8 @@ class ConvertConfig:
     calibration_batches: int = 4
     stage1: Stage1 = field(default_factory=Stage1)
     stage2: Stage2 = field(default_factory=Stage2)
+    # the text a Hugging Face teacher is converted on (:class:`.convert_hf.HFData`); a primaldual run brings its own
+    data: dict[str, Any] | None = None
 
     def validate(self) -> ConvertConfig:
         from ...convert import INITS, STUDENTS
@@ -107,6 +109,8 @@ class ConvertConfig:
         )
         if not ok:
             raise ConfigError(f"layers: expected 'all' or a non-empty list of ints, got {layers!r}")
+        if self.data is not None and not isinstance(self.data, dict):
+            raise ConfigError(f"data: expected a mapping (text, context, batch_size, ...), got {self.data!r}")
         if not isinstance(self.options, dict):
             raise ConfigError(f"options: expected a mapping of the student's options, got {self.options!r}")
         try:
@@ -324,6 +328,11 @@ def convert_run(
 
     teacher_dir = Path(teacher_dir)
     conv = load_convert_config(config, overrides)
+    if conv.data is not None:
+        raise ConfigError(
+            f"{config}: data: only a Hugging Face teacher takes a data section; a primaldual run is converted on "
+            "its own data (its config.yaml's)"
+        )
     check_int("--seed", seed, low=0)
     tcfg, dm, tmodule, tsummary = load_teacher(teacher_dir)
     teacher = tmodule.model.eval()

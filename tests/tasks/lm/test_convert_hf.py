@@ -1,0 +1,121 @@
+"""``primaldual convert`` with a Hugging Face teacher: a tiny Llama saved with ``save_pretrained`` and a word-level
+tokenizer, converted end to end on a text file; resume from the Trainer's checkpoint; the refusals."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from tests.integrations.tiny_models import tiny
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+from primaldual.cli import main  # noqa: E402
+from primaldual.tasks.lm.convert_hf import is_hf_teacher, perplexity, token_stream  # noqa: E402
+
+WORDS = [f"w{i}" for i in range(40)]
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+    """A saved tiny Llama (vocabulary 50) with a word-level tokenizer, and a text file of its words."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    root = tmp_path_factory.mktemp("hf")
+    vocab = {"[UNK]": 0, "[PAD]": 1, **{w: i + 2 for i, w in enumerate(WORDS)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]")
+    model = tiny("llama", num_hidden_layers=2)
+    model.save_pretrained(root / "teacher")
+    fast.save_pretrained(root / "teacher")
+    rng = random.Random(0)
+    # a little structure to learn: each word is usually followed by the next one
+    words, w = [], 0
+    for _ in range(3000):
+        w = (w + 1) % 40 if rng.random() < 0.8 else rng.randrange(40)
+        words.append(WORDS[w])
+    (root / "text.txt").write_text(" ".join(words))
+    config = {
+        "student": "primal",
+        "layers": [-1],
+        "options": {"s": 4, "eta": 0.1},
+        "calibration_batches": 1,
+        "stage1": {"tokens": 64, "lr": 3e-3},
+        "stage2": {"tokens": 128, "lr": 1e-3, "warmup_steps": 1, "decay": "cosine"},
+        "data": {"text": str(root / "text.txt"), "context": 16, "batch_size": 2, "eval_windows": 3},
+    }
+    (root / "conv.yaml").write_text(json.dumps(config))  # JSON is YAML
+    return root
+
+
+def test_a_saved_llama_converts_loads_and_resumes(teacher, capsys):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from primaldual.integrations.hf import converted_layers, from_pretrained
+
+    run = teacher / "run"
+    argv = ["convert", str(teacher / "teacher"), "-c", str(teacher / "conv.yaml"), "--run-dir", str(run)]
+    assert is_hf_teacher(teacher / "teacher") and main(argv) == 0
+    out = capsys.readouterr().out
+    assert "stage 1: 2 updates" in out and "stage 2: 4 updates" in out and "converted: test ppl" in out
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stage1_tokens"] == 64 and summary["stage2_tokens"] == 128 and summary["layers"] == [1]
+    assert summary["ppl_ratio"] == pytest.approx(summary["ppl"] / summary["teacher_ppl"])
+    # the saved model is the converted one, and evaluates to the summary's figure
+    model = from_pretrained(AutoModelForCausalLM, run / "model")
+    assert converted_layers(model)
+    tok = AutoTokenizer.from_pretrained(run / "model")
+    text = (teacher / "text.txt").read_text()
+    test = token_stream(tok, text[int(len(text) * 0.9) :])
+    assert perplexity(model, test, 16, 3)["ppl"] == pytest.approx(summary["ppl"], rel=1e-5)
+    # a run killed after its last checkpoint resumes there and ends the same
+    (run / "summary.json").unlink()
+    import shutil
+
+    shutil.rmtree(run / "model")
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "stage 1: done earlier" in out and "resuming from" in out
+    again = json.loads((run / "summary.json").read_text())
+    assert again["ppl"] == pytest.approx(summary["ppl"], rel=1e-6)
+    assert main(argv) == 0 and "finished earlier" in capsys.readouterr().out
+    with torch.no_grad():  # the teacher's file is unchanged
+        t = AutoModelForCausalLM.from_pretrained(teacher / "teacher")
+        assert not converted_layers(t)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--fresh"], "--fresh: a Hugging Face conversion does not delete"),
+        (["--data.text", "/nonexistent/x.txt"], "data.text: /nonexistent/x.txt is not a file"),
+        (["--data.contxt", "8"], "data: unknown key(s) contxt"),
+        (["--data.context", "1"], "data.context"),
+        (["--stage2.decay", "inverse_sqrt"], "stage2.decay: a Hugging Face conversion takes"),
+    ],
+)
+def test_bad_input_is_one_line(teacher, tmp_path, capsys, extra, message):
+    argv = ["convert", str(teacher / "teacher"), "-c", str(teacher / "conv.yaml"), "--run-dir", str(tmp_path / "r")]
+    assert main(argv + extra) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_foreign_directory_and_a_run_teacher_with_data_are_refused(teacher, tmp_path, capsys):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    argv = ["convert", str(teacher / "teacher"), "-c", str(teacher / "conv.yaml"), "--run-dir", str(mine)]
+    assert main(argv) == 2 and "not a primaldual conversion directory" in capsys.readouterr().err
+    assert (mine / "notes.txt").read_text() == "keep" and sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    # a primaldual run as the teacher brings its own data: a data section is an error, before the run is read
+    fake_run = tmp_path / "run"
+    fake_run.mkdir()
+    (fake_run / "config.yaml").write_text("task: lm\n")
+    assert main(["convert", str(fake_run), "-c", str(teacher / "conv.yaml")]) == 2
+    assert "only a Hugging Face teacher takes a data section" in capsys.readouterr().err
