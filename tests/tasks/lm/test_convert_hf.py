@@ -119,3 +119,23 @@ def test_a_foreign_directory_and_a_run_teacher_with_data_are_refused(teacher, tm
     (fake_run / "config.yaml").write_text("task: lm\n")
     assert main(["convert", str(fake_run), "-c", str(teacher / "conv.yaml")]) == 2
     assert "only a Hugging Face teacher takes a data section" in capsys.readouterr().err
+
+
+def test_the_kl_term_is_zero_for_the_teacher_itself_and_positive_for_another(tmp_path):
+    import copy
+
+    from transformers import TrainingArguments
+
+    from primaldual.tasks.lm.convert_hf import _stage2_trainer
+
+    model = tiny("llama")
+    other = copy.deepcopy(model)
+    torch.nn.init.normal_(other.lm_head.weight)
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    ids = torch.randint(2, 50, (2, 9), generator=torch.Generator().manual_seed(0))
+    inputs = {"input_ids": ids, "labels": ids}
+    plain = model(**inputs).loss
+    same = _stage2_trainer(model, 1.0)(model=model, args=args).compute_loss(model, inputs)
+    assert float(same) == pytest.approx(float(plain), abs=1e-6)
+    more = _stage2_trainer(other, 0.5)(model=model, args=args).compute_loss(model, inputs)
+    assert float(more) > float(plain) + 1e-3
