@@ -27,7 +27,7 @@ from typing import Any
 from ..utils.io import atomic_dir, atomic_write_json, sha256_file
 from .cache import MissingDataError, dataset_dir
 
-__all__ = ["GGUF_FILE", "SMOLLM2", "fetch_smollm2", "load_smollm2", "smollm2_dir", "verify_smollm2"]
+__all__ = ["GGUF_FILE", "SMOLLM2", "fetch_smollm2", "load_gguf", "load_smollm2", "smollm2_dir", "verify_smollm2"]
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2 = {
@@ -110,15 +110,21 @@ def load_smollm2(dest: str | os.PathLike | None = None, *, dtype: Any = None) ->
     Raises:
         MissingDataError: not fetched. ImportError: transformers or gguf missing (``pip install primaldual[llama]``).
     """
+    return load_gguf(verify_smollm2(smollm2_dir(dest)), dtype=dtype)
+
+
+def load_gguf(path: str | os.PathLike, *, dtype: Any = None) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` of a causal LM's GGUF file, dequantised to float (``dtype``, default float32), eval
+    mode: transformers' GGUF reader (it needs ``gguf``), with its progress bar kept out of a log file."""
     import torch
 
-    path = verify_smollm2(smollm2_dir(dest))
+    path = Path(path)
     try:
         import gguf  # noqa: F401  (transformers reads GGUF through it)
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as err:
         raise ImportError(
-            f"loading SmolLM2 needs transformers and gguf: pip install 'primaldual[llama]' ({err})"
+            f"reading a GGUF file needs transformers and gguf: pip install 'primaldual[llama]' ({err})"
         ) from None
     kw = {"gguf_file": path.name}
     # off a terminal (a log file) the GGUF reader's progress bar (a plain tqdm, no switch) would fill the log with

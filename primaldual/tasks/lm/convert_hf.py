@@ -108,14 +108,16 @@ def load_hf_teacher(source: str | os.PathLike) -> tuple[nn.Module, Any]:
         from ...data.smollm2 import load_smollm2
 
         return load_smollm2()
+    if Path(source).suffix == ".gguf":
+        from ...data.smollm2 import load_gguf
+
+        return load_gguf(source)
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as err:
         raise ImportError(f"a Hugging Face teacher needs transformers: pip install 'primaldual[hf]' ({err})") from None
-    p = Path(source)
-    where, kw = (p.parent, {"gguf_file": p.name}) if p.suffix == ".gguf" else (p, {})
-    tokenizer = AutoTokenizer.from_pretrained(where, **kw)
-    model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kw)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     return model.eval(), tokenizer
 
 
