@@ -99,6 +99,8 @@ def test_convert_writes_a_run_directory_that_resumes_generates_and_loads(tmp_pat
     module = task.module(cfg, dm)
     module.load_state_dict(state)  # strict: every trained parameter has its place
     assert torch.equal(module.model.decoder.blocks[n - 1].attn.w_e, state[key])
+    if student != "primal":
+        return  # the run directory's behaviour below does not depend on the student (three more processes)
     # a second call reports the finished run (no retraining); generate works on it
     again = run(_convert_cmd(teacher_run, out, *_tiny(student)))
     assert "stage 1" not in again.stdout and "converted: test ppl" in again.stdout
