@@ -5,8 +5,10 @@ CLI (:mod:`primaldual.train.cli`) knows no task."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ...utils.cli import FORMATTER, examples
+from ...utils.errors import ConfigError
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -28,7 +30,6 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from ...utils.errors import ConfigError
 
     if not str(args.out).strip():
         raise ValueError("--out: empty; give the directory to write")
@@ -51,6 +52,11 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
     set_threads(args.threads)
     pairs = parse_overrides(args.overrides)  # --stage1.tokens 0 / --options.s=16: values are YAML
+    if not Path(args.teacher).exists() and args.teacher != "smollm2":
+        raise ConfigError(
+            f"TEACHER {args.teacher}: not found (a primaldual run directory, a save_pretrained directory, a .gguf "
+            "file, or smollm2)"
+        )
     if is_hf_teacher(args.teacher):
         conv = load_convert_config(args.config, pairs)
         convert_hf_run(args.teacher, conv, args.config, seed=args.seed, run_dir=args.run_dir, fresh=args.fresh)

@@ -116,7 +116,13 @@ def load_hf_teacher(source: str | os.PathLike) -> tuple[nn.Module, Any]:
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as err:
         raise ImportError(f"a Hugging Face teacher needs transformers: pip install 'primaldual[hf]' ({err})") from None
-    tokenizer = AutoTokenizer.from_pretrained(source)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            f"{source}: no tokenizer could be read ({str(e).splitlines()[0][:160]}); the teacher's folder holds its "
+            "tokenizer's files beside config.json (tokenizer.save_pretrained)"
+        ) from None
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     return model.eval(), tokenizer
 
@@ -310,18 +316,18 @@ def _run(source, source_id, conv, data, record, run_dir, seed, say) -> dict[str,
     from ...convert.hf import convert_hf
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    train_text, eval_text, what = _texts(data)  # everything read before the run directory is written
+    teacher, tokenizer = load_hf_teacher(source)
+    teacher = teacher.to(device)
+    train = token_stream(tokenizer, train_text, data.train_chars)
+    test = token_stream(tokenizer, eval_text)
+    say(f"teacher {source_id}: {sum(p.numel() for p in teacher.parameters()) / 1e6:.1f}M parameters; text "
+        f"{what}: {len(train)} training tokens, evaluation {data.eval_windows} x {data.context}")  # fmt: skip
     run_dir.mkdir(parents=True, exist_ok=True)
     with RunLock(run_dir, "primaldual convert"):
         if not (run_dir / MARK).is_file():
             atomic_write_text(run_dir / MARK, json.dumps({"primaldual": "convert"}) + "\n")
         atomic_write_text(run_dir / "convert.yaml", record)
-        teacher, tokenizer = load_hf_teacher(source)
-        teacher = teacher.to(device)
-        train_text, eval_text, what = _texts(data)
-        train = token_stream(tokenizer, train_text, data.train_chars)
-        test = token_stream(tokenizer, eval_text)
-        say(f"teacher {source_id}: {sum(p.numel() for p in teacher.parameters()) / 1e6:.1f}M parameters; text "
-            f"{what}: {len(train)} training tokens, evaluation {data.eval_windows} x {data.context}")  # fmt: skip
         info_path = run_dir / "convert" / "stage1.json"
         torch.manual_seed(seed)
         if info_path.is_file():

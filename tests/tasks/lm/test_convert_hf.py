@@ -139,3 +139,12 @@ def test_the_kl_term_is_zero_for_the_teacher_itself_and_positive_for_another(tmp
     assert float(same) == pytest.approx(float(plain), abs=1e-6)
     more = _stage2_trainer(other, 0.5)(model=model, args=args).compute_loss(model, inputs)
     assert float(more) > float(plain) + 1e-3
+
+
+def test_a_missing_teacher_or_tokenizer_is_one_line_and_writes_nothing(teacher, tmp_path, capsys):
+    conf = str(teacher / "conv.yaml")
+    assert main(["convert", str(tmp_path / "nothere"), "-c", conf]) == 2
+    assert "not found (a primaldual run directory, a save_pretrained directory" in capsys.readouterr().err
+    tiny("llama").save_pretrained(tmp_path / "notok")
+    assert main(["convert", str(tmp_path / "notok"), "-c", conf, "--run-dir", str(tmp_path / "r")]) == 2
+    assert "no tokenizer could be read" in capsys.readouterr().err and not (tmp_path / "r").exists()
