@@ -9,41 +9,34 @@ import pytest
 
 from ..train.helpers import fit_cmd, run
 
-
-@pytest.mark.parametrize("attention", [["softmax_bn", "linear"], ["softmax_sh", "primal"]])
-def test_analyze_a_trained_uea_run(tmp_path, tiny_config, attention):
-    pytest.importorskip("matplotlib")
-    options = [None, {"s": 4}] if attention[1] == "primal" else None
-    cfg = tiny_config(**{"trainer.max_epochs": 1, "model.attention": attention, "model.attention_options": options})
-    run_dir = tmp_path / "run"
-    run(fit_cmd(cfg, run_dir, "--threads", "1"))
-    out = run([sys.executable, "-m", "primaldual.cli", "analyze", str(run_dir), "--samples", "8", "--threads", "1"])
-    res = json.loads((run_dir / "analysis" / "analysis.json").read_text())
-    assert [layer["mechanism"] for layer in res["layers"]] == attention
-    assert res["samples"] == 8 and res["split"] == "test" and res["dataset"] == "JapaneseVowels"
-    for layer in res["layers"]:
-        assert len(layer["spectrum"]["curve"]) == 2 and layer["spectrum"]["curve_mean"][-1] == pytest.approx(1.0)
-    assert (run_dir / "analysis" / "spectra.png").stat().st_size > 1000
-    assert attention[1] in out.stdout and "redundancy" in out.stdout
+RUNS = {"softmax": ["softmax_bn", "linear"], "primal": ["softmax_sh", "primal"]}  # run directory -> attention
 
 
-def test_analyze_compares_runs_and_reports_errors(tmp_path, tiny_config, capsys):
-    """Two trained runs compared (in-process through ``primaldual.cli.main``, which is what the console script
+def test_analyze_trained_runs_then_compare_them_and_report_errors(tmp_path, capsys):
+    """Two tiny UEA runs (one epoch each; one test, so that they train once whatever the test distribution), each
+    analysed on its own; then compared (in-process through ``primaldual.cli.main``, which is what the console script
     calls); each bad input ends with one stderr line and exit code 2."""
     from primaldual.cli import main
 
+    from ..conftest import write_config
+
     pytest.importorskip("matplotlib")
-    dirs = []
-    for name in ("softmax", "primal"):
-        cfg = tiny_config(
-            **{
-                "trainer.max_epochs": 1,
-                "model.attention": name,
-                "model.attention_options": {"s": 4} if name == "primal" else None,
-            },
-        )
-        dirs.append(tmp_path / name)
-        run(fit_cmd(cfg, dirs[-1], "--threads", "1"))
+    for name, attention in RUNS.items():
+        options = [None, {"s": 4}] if attention[1] == "primal" else None
+        cfg = write_config(tmp_path / f"cfg_{name}", None, **{"trainer.max_epochs": 1, "model.attention": attention,
+                                                               "model.attention_options": options})  # fmt: skip
+        run_dir = tmp_path / name
+        run(fit_cmd(cfg, run_dir, "--threads", "1"))
+        out = run([sys.executable, "-m", "primaldual.cli", "analyze", str(run_dir), "--samples", "8", "--threads", "1"])
+        res = json.loads((run_dir / "analysis" / "analysis.json").read_text())
+        assert [layer["mechanism"] for layer in res["layers"]] == attention
+        assert res["samples"] == 8 and res["split"] == "test" and res["dataset"] == "JapaneseVowels"
+        for layer in res["layers"]:
+            assert len(layer["spectrum"]["curve"]) == 2 and layer["spectrum"]["curve_mean"][-1] == pytest.approx(1.0)
+        assert (run_dir / "analysis" / "spectra.png").stat().st_size > 1000
+        assert attention[1] in out.stdout and "redundancy" in out.stdout
+
+    dirs = [tmp_path / "softmax", tmp_path / "primal"]
     out = tmp_path / "cmp"
     cmd = ["analyze", *map(str, dirs), "--samples", "4", "--ckpt", "last"]
     assert main([*cmd, "--out", str(out), "--labels", "Transformer", "PrimalFormer", "--split", "val"]) == 0
