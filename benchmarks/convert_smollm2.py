@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from primaldual.tasks.lm.convert_hf import perplexity, token_stream, windows  # noqa: E402
 from primaldual.utils.io import atomic_write_json  # noqa: E402
 
 PHASES = ("teacher", "primal_plus", "hybrid", "teacher_ft_last2", "teacher_ft_all")
@@ -65,37 +66,6 @@ def english_text(split: str) -> str:
     if not path.is_file():
         raise SystemExit(f"{path} not found: run `primaldual data fetch english` first")
     return path.read_text()
-
-
-def token_stream(tokenizer: Any, text: str, limit_chars: int | None = None) -> torch.Tensor:
-    """The text's token ids ``(T,)`` (documents joined as they are in the file)."""
-    body = text if limit_chars is None else text[:limit_chars]
-    return torch.tensor(tokenizer(body, add_special_tokens=False)["input_ids"], dtype=torch.long)
-
-
-def batches(stream: torch.Tensor, batch: int, context: int, seed: int):
-    """Endless ``(ids (B, N), None)`` batches of random windows of the stream."""
-    g = torch.Generator().manual_seed(seed)
-    while True:
-        starts = torch.randint(0, len(stream) - context - 1, (batch,), generator=g)
-        yield torch.stack([stream[s : s + context] for s in starts.tolist()]), None
-
-
-@torch.no_grad()
-def perplexity(model: Any, stream: torch.Tensor, context: int, chunks: int, batch: int = 4) -> dict[str, float]:
-    """exp(mean next-token NLL) over ``chunks`` consecutive windows of ``context`` tokens from the stream's start."""
-    model.eval()
-    total, count = 0.0, 0
-    windows = [stream[i * context : (i + 1) * context] for i in range(chunks)]
-    windows = [w for w in windows if len(w) == context]
-    for i in range(0, len(windows), batch):
-        ids = torch.stack(windows[i : i + batch])
-        logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()
-        nll = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="sum"
-        )
-        total, count = total + float(nll), count + ids[:, 1:].numel()
-    return {"ppl": math.exp(total / count), "tokens": count, "chunks": len(windows), "context": context}
 
 
 def prompts(tokenizer: Any, text: str, n: int, length: int) -> list[torch.Tensor]:
@@ -234,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("the teacher phase must run first (its greedy continuations are the reference)")
         plan = PLANS[name]
         t0 = time.perf_counter()
-        data = batches(train, args.batch, args.context, args.seed)
+        data = windows(train, args.batch, args.context, args.seed)
         model, report = convert_hf(teacher, plan["student"], plan["layers"], batches=data, steps=args.stage1_steps,
                                    lr=args.lr1, log_every=10, **plan["options"])  # fmt: skip
         for row in report["history"]:
@@ -269,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         model = copy.deepcopy(teacher)
         layers = resolve_layer_indices(CONTROLS[name], len(model.model.layers))
-        data = batches(train, args.batch, args.context, args.seed)
+        data = windows(train, args.batch, args.context, args.seed)
         for _ in range(1 + args.stage1_steps):
             next(data)  # the students' stage 2 saw the windows after their calibration and stage-1 ones
         hist2 = stage2(model, layers, data, args.stage2_steps, args.lr2)
