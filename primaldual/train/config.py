@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..models.plans import PLAN_KEYS, expand_plan
 from ..utils.errors import ConfigError
-from .compose import BUDGETS, MODELS, Composed, SearchPath, compose, drop_alternatives, lookup, not_found
+from .compose import BUDGETS, MODELS, SearchPath, compose, drop_alternatives
 from .compose import TASKS as TASK_FOLDER
 from .schema import DataConfig, ModelConfig, OptimConfig, RunConfig, ScheduleConfig, TrainerConfig, config_class
 from .validate import check_file, foreign_default, unknown_key, validate_config
@@ -46,7 +46,6 @@ __all__ = [
     "search_path",
     "describe_config",
     "dump_config",
-    "find_config",
     "list_configs",
     "load_config",
 ]
@@ -97,16 +96,6 @@ def list_configs(prefix: str = "", config_dir: str | os.PathLike | None = None) 
             for model in models:
                 names.update(f"{fam}/{task}/{b + '/' if b else ''}{model}" for b in budgets)
     return sorted(n for n in names if n.startswith(prefix))
-
-
-def find_config(spec: str, config_dir: str | os.PathLike | None = None) -> Path:
-    """The file of a config path or name (``uea/default``); for a composed name such as
-    ``uea/JapaneseVowels/primalformer``, its task file (see :func:`describe_config` for every file it uses)."""
-    search = SearchPath(config_dir)
-    target = lookup(spec, search)
-    if target is None:
-        raise not_found(spec, search)
-    return search.find(f"{target.family}/{TASK_FOLDER}/{target.task}.yaml") if isinstance(target, Composed) else target
 
 
 def describe_config(spec: str | Path, config_dir: str | os.PathLike | None = None) -> list[str]:

@@ -17,7 +17,6 @@ from primaldual.train.config import (
     ConfigError,
     describe_config,
     dump_config,
-    find_config,
     list_configs,
     load_config,
 )
@@ -114,8 +113,6 @@ def test_describe_config_lists_the_files_in_merge_order():
         "uea/_tasks/Heartbeat.yaml",
         "uea/_models/transformer.yaml",
     ]
-    assert find_config("uea/default") == PACKAGE_CONFIGS / "uea" / "default.yaml"
-    assert find_config("uea/Heartbeat/transformer") == PACKAGE_CONFIGS / "uea" / "_tasks" / "Heartbeat.yaml"
 
 
 @pytest.mark.parametrize("spec", ["lra/_models/linear", "uea/_base", "lra/_tasks/listops", "uea/_tasks/Heartbeat"])
