@@ -175,6 +175,8 @@ def test_shipped_conversion_configs_load():
         conv = load_convert_config(f"lm/english/convert/{name}")
         assert conv.stage1.tokens + conv.stage2.tokens <= 12_288_000 // 10  # at most 10% of the medium teacher's
         assert conv.data is None  # a primaldual run's own data
+        # the keys added later stay out of the record at their defaults: earlier conversions still resume
+        assert "data" not in conv.to_dict() and "lora" not in conv.to_dict()["stage2"]
     from primaldual.tasks.lm.convert_hf import HFData
 
     for name, steps in (("smollm2_primal_plus", (60, 40)), ("smollm2_hybrid", (30, 20))):

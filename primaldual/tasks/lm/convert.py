@@ -73,13 +73,16 @@ class Stage1:
 @dataclass
 class Stage2:
     """End-to-end LM training of the converted model: ``tokens``, AdamW at ``lr``, the schedule, and ``kl``: the weight
-    of ``KL(teacher || model)`` over the target tokens added to the loss (0: the LM loss alone)."""
+    of ``KL(teacher || model)`` over the target tokens added to the loss (0: the LM loss alone). ``lora``: for a
+    Hugging Face teacher, the rank of adapters on the converted layers' projections (0: those layers' attention
+    parameters train in full)."""
 
     tokens: int = 819_200
     lr: float = 2e-4
     warmup_steps: int = 20
     decay: str = "cosine"
     kl: float = 0.0
+    lora: int = 0
 
 
 @dataclass
@@ -121,6 +124,7 @@ class ConvertConfig:
             check_number("stage2.lr", self.stage2.lr, low=0.0, low_open=True)
             check_int("stage2.warmup_steps", self.stage2.warmup_steps, low=0)
             check_number("stage2.kl", self.stage2.kl, low=0.0)
+            check_int("stage2.lora", self.stage2.lora, low=0)
         except (TypeError, ValueError) as e:
             raise ConfigError(str(e)) from None
         if self.student == "window" and (self.stage1.tokens or self.init != "teacher"):
@@ -131,7 +135,14 @@ class ConvertConfig:
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The values, without the keys added since 0.1 at their defaults (``data``, ``stage2.lora``): the record in
+        ``convert.yaml`` of an earlier conversion reads the same, so it still resumes."""
+        d = asdict(self)
+        if d["data"] is None:
+            d.pop("data")
+        if d["stage2"]["lora"] == 0:
+            d["stage2"].pop("lora")
+        return d
 
 
 def _build(values: Any, where: str) -> ConvertConfig:
@@ -332,6 +343,11 @@ def convert_run(
         raise ConfigError(
             f"{config}: data: only a Hugging Face teacher takes a data section; a primaldual run is converted on "
             "its own data (its config.yaml's)"
+        )
+    if conv.stage2.lora:
+        raise ConfigError(
+            f"{config}: stage2.lora: only a Hugging Face teacher's stage 2 takes adapters; a primaldual run's stage 2 "
+            "trains the whole model (set it to 0)"
         )
     check_int("--seed", seed, low=0)
     tcfg, dm, tmodule, tsummary = load_teacher(teacher_dir)

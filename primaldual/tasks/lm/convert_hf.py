@@ -10,7 +10,9 @@ only a Hugging Face teacher takes (a primaldual run brings its data), says what 
    initialisation, then teacher-forced attention transfer. The model after it is saved in ``convert/stage1/``.
 2. **Stage 2**: the converted layers' attention parameters (their projections included) train on the LM loss plus
    the KSVD term, plus ``stage2.kl`` times ``KL(teacher || model)`` per token; everything else stays frozen (the
-   optimiser state of a full finetune is what does not fit for a large model). The loop is the Hugging Face
+   optimiser state of a full finetune is what does not fit for a large model). With ``stage2.lora`` r > 0 the
+   projections train as rank-r adapters instead (alpha 2r; :func:`primaldual.convert.add_lora`, merged before saving),
+   the students' new parameters in full. The loop is the Hugging Face
    ``Trainer`` (:class:`~primaldual.integrations.hf.PrimalDualTrainer`): its checkpoints
    (``checkpoints/checkpoint-N``, read back in its safe mode) make a killed conversion resume.
 3. **The result**: ``model/`` (``save_pretrained``, with the tokenizer; load it with
@@ -366,10 +368,18 @@ def _stage2(model, teacher, tokenizer, conv, data, info, train, test, run_dir, s
     from transformers.trainer_utils import get_last_checkpoint
 
     steps = _steps(conv.stage2.tokens, data)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    for p in _attention_parameters(model, info["layers"]):
-        p.requires_grad_(True)
+    if conv.stage2.lora:  # adapters on the converted layers' projections; their new parameters in full
+        from ...convert import add_lora
+        from ...convert.hf import hf_student_layers
+
+        add_lora(
+            model, r=conv.stage2.lora, alpha=2.0 * conv.stage2.lora, layers=hf_student_layers(model, info["layers"])
+        )
+    else:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        for p in _attention_parameters(model, info["layers"]):
+            p.requires_grad_(True)
     ckpt = run_dir / "checkpoints"
     args = TrainingArguments(
         output_dir=str(ckpt),
@@ -400,6 +410,10 @@ def _stage2(model, teacher, tokenizer, conv, data, info, train, test, run_dir, s
         + (f", resuming from {last}" if last else "")
     )
     trainer.train(resume_from_checkpoint=last)
+    if conv.stage2.lora:
+        from ...convert import merge_lora
+
+        merge_lora(model)  # the saved model has the converted layers' own parameter names
     model.eval()
     final = perplexity(model, test, data.context, data.eval_windows)
     _save_model(model, tokenizer, run_dir / "model")

@@ -119,6 +119,26 @@ def test_a_foreign_directory_and_a_run_teacher_with_data_are_refused(teacher, tm
     (fake_run / "config.yaml").write_text("task: lm\n")
     assert main(["convert", str(fake_run), "-c", str(teacher / "conv.yaml")]) == 2
     assert "only a Hugging Face teacher takes a data section" in capsys.readouterr().err
+    assert main(["convert", str(fake_run), "-c", "lm/english/convert/primal_plus", "--stage2.lora", "4"]) == 2
+    assert "stage2.lora: only a Hugging Face teacher's stage 2 takes adapters" in capsys.readouterr().err
+
+
+def test_stage_two_with_adapters_saves_a_merged_model(teacher, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM
+
+    from primaldual.integrations.hf import converted_layers, from_pretrained
+
+    run = tmp_path / "lora"
+    argv = ["convert", str(teacher / "teacher"), "-c", str(teacher / "conv.yaml"), "--run-dir", str(run)]
+    assert main([*argv, "--stage2.lora", "2"]) == 0
+    model = from_pretrained(AutoModelForCausalLM, run / "model")
+    assert converted_layers(model) and not any("lora" in k or "parametrizations" in k for k in model.state_dict())
+    summary = json.loads((run / "summary.json").read_text())
+    text = (teacher / "text.txt").read_text()
+    from transformers import AutoTokenizer
+
+    test = token_stream(AutoTokenizer.from_pretrained(run / "model"), text[int(len(text) * 0.9) :])
+    assert perplexity(model, test, 16, 3)["ppl"] == pytest.approx(summary["ppl"], rel=1e-5)  # merged = trained
 
 
 def test_the_kl_term_is_zero_for_the_teacher_itself_and_positive_for_another(tmp_path):
