@@ -12,7 +12,7 @@ ordinary training of the returned model on the LM loss plus :func:`primaldual.co
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -122,6 +122,7 @@ def convert_hf(
     init: str = "teacher",
     lr: float = 3e-4,
     log_every: int = 10,
+    on_log: Callable[[dict[str, float]], None] | None = None,
     **options: Any,
 ) -> tuple[nn.Module, dict[str, Any]]:
     """A converted copy of the transformers causal LM ``teacher`` (left unchanged): swap, initialisation, stage 1.
@@ -131,7 +132,8 @@ def convert_hf(
         student, layers, steps, init, lr, options: as :func:`primaldual.convert.convert`.
         batches: ``(input_ids (B, N), attention_mask (B, N) or None)`` batches of the teacher's data; the first
             calibrates the initialisation, the next ``steps`` train stage 1.
-        log_every: a stage-1 history row every ``log_every`` updates.
+        log_every: a stage-1 history row every ``log_every`` updates (and at the first and last); ``on_log(row)`` is
+            called with each as it is made.
 
     Returns:
         ``(model, report)``: report holds ``layers``, ``init`` (per-layer figures) and ``history`` (stage 1).
@@ -166,6 +168,7 @@ def convert_hf(
                 steps,
                 lr=lr,
                 log_every=log_every,
+                on_log=on_log,
                 io_fn=_io_with_hf_mask,
                 layers_fn=hf_student_layers,
             )

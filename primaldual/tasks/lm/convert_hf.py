@@ -297,7 +297,11 @@ def convert_hf_run(
     record = yaml.safe_dump({"convert": conv.to_dict(), "config": config, "teacher": source_id, "seed": seed},
                             sort_keys=False)  # fmt: skip
     _check_dir(run_dir, record, fresh)
-    say = print if verbose else (lambda *a, **k: None)
+
+    def say(line: str) -> None:
+        if verbose:
+            print(line, flush=True)  # a log file sees each line as it happens
+
     if (run_dir / "summary.json").is_file() and (run_dir / "model").is_dir():
         summary = json.loads((run_dir / "summary.json").read_text())
         say(f"{run_dir}: finished earlier: test ppl {summary['ppl']:.2f} ({summary['ppl_ratio']:.3f}x the teacher)")
@@ -348,10 +352,12 @@ def _run(source, source_id, conv, data, record, run_dir, seed, say) -> dict[str,
                     yield torch.cat(calib), None  # (calibration_batches * B, N): the initialisation's batch
                 yield from batch
 
+            def log(row: dict[str, float]) -> None:
+                say(f"stage 1 step {int(row['step'])}/{steps1}: loss {row['loss']:.4f}")
+
             model, report = convert_hf(teacher, conv.student, conv.layers, batches=feed(), steps=steps1,
-                                       init=conv.init, lr=conv.stage1.lr, **conv.options)  # fmt: skip
-            for row in report["history"]:
-                say(f"  stage 1 step {int(row['step'])}/{steps1}: loss {row['loss']:.4f}")
+                                       init=conv.init, lr=conv.stage1.lr, log_every=max(1, steps1 // 10), on_log=log,
+                                       **conv.options)  # fmt: skip
             after = perplexity(model, test, data.context, data.eval_windows)["ppl"]
             say(f"stage 1: {steps1} updates; test ppl {after:.2f}")
             (run_dir / "convert").mkdir(exist_ok=True)
