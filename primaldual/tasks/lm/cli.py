@@ -141,7 +141,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--config", "-c", default="lm/english/convert/primal_plus", help="conversion config name or path")
     p.add_argument("--seed", type=int, default=0, help="the conversion's seed (default 0)")
-    p.add_argument("--run-dir", default=None, help="run directory (default runs/lm/<dataset>/<name>-...)")
-    p.add_argument("--fresh", action="store_true", help="start the conversion over in its run directory")
+    p.add_argument(
+        "--run-dir",
+        default=None,
+        help="run directory (default runs/lm/<dataset>/<name>-...; a Hugging Face teacher's: "
+        "runs/convert/<teacher>-<config>-seed<N>)",
+    )
+    p.add_argument(
+        "--fresh", action="store_true", help="start the conversion over in its run directory (a primaldual run's)"
+    )
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     p.set_defaults(func=_cmd_convert, accepts_overrides=True)
