@@ -115,13 +115,17 @@ def load_smollm2(dest: str | os.PathLike | None = None, *, dtype: Any = None) ->
 
 def load_gguf(path: str | os.PathLike, *, dtype: Any = None) -> tuple[Any, Any]:
     """``(model, tokenizer)`` of a causal LM's GGUF file, dequantised to float (``dtype``, default float32), eval
-    mode: transformers' GGUF reader (it needs ``gguf``), with its progress bar kept out of a log file."""
+    mode: transformers' GGUF reader (it needs ``gguf``), with its progress bar kept out of a log file.
+
+    The model is a plain dense one: every weight unpacked at load (``GgufConfig(dequantize=True)``, also where a
+    GGUF matmul kernel would keep them packed) and the reader's quantizer detached, so that it trains (the
+    ``Trainer`` refuses a model marked GGUF-quantized) and saves with ``save_pretrained`` like any float model."""
     import torch
 
     path = Path(path)
     try:
         import gguf  # noqa: F401  (transformers reads GGUF through it)
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
     except ImportError as err:
         raise ImportError(
             f"reading a GGUF file needs transformers and gguf: pip install 'primaldual[llama]' ({err})"
@@ -133,10 +137,15 @@ def load_gguf(path: str | os.PathLike, *, dtype: Any = None) -> tuple[Any, Any]:
     with contextlib.redirect_stderr(held) if held is not None else contextlib.nullcontext():
         try:
             tokenizer = AutoTokenizer.from_pretrained(path.parent, **kw)
-            model = AutoModelForCausalLM.from_pretrained(path.parent, dtype=dtype or torch.float32, **kw)
+            model = AutoModelForCausalLM.from_pretrained(
+                path.parent, dtype=dtype or torch.float32, quantization_config=GgufConfig(dequantize=True), **kw
+            )
         finally:
             lines = [] if held is None else held.getvalue().split("\n")
     for line in lines:
         if line and "\r" not in line:
             sys.stderr.write(line + "\n")
+    model.hf_quantizer, model.is_quantized = None, False  # dense now: nothing of the file's packing is left
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config  # else config.json would ask the next load for the GGUF reader
     return model.eval(), tokenizer
