@@ -250,8 +250,10 @@ def _check_dir(run_dir: Path, record: str, fresh: bool) -> None:
 
 def _save_model(model: nn.Module, tokenizer: Any, dest: Path) -> None:
     """``save_pretrained`` into ``dest`` whole or not at all: written beside it, then renamed."""
+    for old in dest.parent.glob(f".{dest.name}.*.tmp"):  # a killed attempt's (the name is ours; the lock is held)
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old)
     tmp = dest.parent / f".{dest.name}.{os.getpid()}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)  # a killed attempt's (this name is primaldual's own)
     model.save_pretrained(tmp)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
