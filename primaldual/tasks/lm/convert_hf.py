@@ -183,6 +183,40 @@ def _texts(data: HFData) -> tuple[str, str, str]:
     return text[:cut], text[cut:], f"{path}: first {1 - data.eval_fraction:.0%} / last {data.eval_fraction:.0%}"
 
 
+def _check_teacher(teacher: nn.Module, conv: Any, data: HFData, source_id: str) -> None:
+    """What the conversion needs of the teacher, checked before anything is written: a causal LM the Hugging Face
+    integration reads, not converted already, its layers in range and positions enough for ``data.context``."""
+    from ...convert.students import check_student
+    from ...integrations.hf.architectures import find_blocks, read_site
+    from ...integrations.hf.convert import CONVERSIONS_KEY
+    from ...integrations.torch_nn import resolve_layer_indices
+    from ...models.plans import check_plan
+
+    if getattr(teacher.config, CONVERSIONS_KEY, None):
+        raise ConfigError(
+            f"TEACHER {source_id}: already converted by primaldual (its config.json records {CONVERSIONS_KEY}); "
+            "convert the original model"
+        )
+    try:
+        _, blocks = find_blocks(teacher)
+        chosen = resolve_layer_indices(conv.layers, len(blocks))
+        sites = [read_site(teacher, blocks[i], i) for i in chosen]
+        name, fixed = check_student(conv.student, conv.options)
+    except (IndexError, KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"TEACHER {source_id}: {e}") from None
+    if not all(site.causal for site in sites):
+        raise ConfigError(f"TEACHER {source_id}: not a causal LM (its attention is not causal); convert a decoder")
+    cfg = teacher.config
+    width = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", None)
+    try:  # the student's options, on a layer built on the meta device (no memory)
+        check_plan(name, {**fixed, **conv.options}, 1, width, sites[0].num_heads, causal=True)
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("model.attention_options", "options", 1)) from None
+    positions = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    if positions and data.context > positions:
+        raise ConfigError(f"data.context: {data.context} tokens, more than the teacher's {positions} positions")
+
+
 def _attention_parameters(model: nn.Module, layers: list[int]) -> list[nn.Parameter]:
     from ...convert.hf import hf_student_layers
 
@@ -231,6 +265,8 @@ def _check_dir(run_dir: Path, record: str, fresh: bool) -> None:
             "--fresh: a Hugging Face conversion does not delete its run directory's files (model and checkpoint "
             "folders); remove the directory yourself, or pass another --run-dir"
         )
+    if run_dir.is_symlink() and not run_dir.exists():
+        raise ConfigError(f"--run-dir: {run_dir} is a symlink to nothing; pass a directory")
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--run-dir: {run_dir} is a file, not a directory")
     if not run_dir.is_dir() or not any(run_dir.iterdir()):
@@ -244,7 +280,8 @@ def _check_dir(run_dir: Path, record: str, fresh: bool) -> None:
             "Pass a new or empty --run-dir"
         )
     saved = run_dir / "convert.yaml"
-    if saved.is_file() and saved.read_text() != record:
+    progress = [n for n in ("convert/stage1.json", "checkpoints", "model", "summary.json") if (run_dir / n).exists()]
+    if saved.is_file() and saved.read_text() != record and progress:  # without progress, the new record replaces it
         raise ConfigError(f"{run_dir} holds another conversion ({saved}); pass another --run-dir")
 
 
@@ -254,6 +291,8 @@ def _save_model(model: nn.Module, tokenizer: Any, dest: Path) -> None:
         if old.is_dir() and not old.is_symlink():
             shutil.rmtree(old)
     tmp = dest.parent / f".{dest.name}.{os.getpid()}.tmp"
+    if dest.is_dir() and not dest.is_symlink():  # saved by an attempt killed before it recorded it: saved again
+        shutil.rmtree(dest)
     model.save_pretrained(tmp)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
@@ -292,9 +331,11 @@ def convert_hf_run(
         )
     name = Path(config).stem if config.endswith((".yaml", ".yml")) else config.split("/")[-1]
     teacher_name = Path(str(source)).stem if Path(str(source)).suffix == ".gguf" else Path(str(source)).name
-    run_dir = Path(run_dir if run_dir is not None else f"runs/convert/{teacher_name}-{name}-seed{seed}")
-    if not str(run_dir).strip():
+    if run_dir is not None and not str(run_dir).strip():
         raise ConfigError("--run-dir: empty; give a directory for the conversion")
+    run_dir = Path(run_dir if run_dir is not None else f"runs/convert/{teacher_name}-{name}-seed{seed}")
+    if config.endswith((".yaml", ".yml")):
+        config = str(Path(config).resolve())  # one conversion, however its file is spelled
     source_id = "smollm2" if str(source) == "smollm2" else str(Path(source).resolve())
     record = yaml.safe_dump({"convert": conv.to_dict(), "config": config, "teacher": source_id, "seed": seed},
                             sort_keys=False)  # fmt: skip
@@ -324,12 +365,19 @@ def _run(source, source_id, conv, data, record, run_dir, seed, say) -> dict[str,
     from ...convert.hf import convert_hf
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    train_text, eval_text, what = _texts(data)  # everything read before the run directory is written
+    train_text, eval_text, what = _texts(data)  # everything read and checked before the run directory is written
     teacher, tokenizer = load_hf_teacher(source)
+    _check_teacher(teacher, conv, data, source_id)
     teacher = teacher.to(device)
     train = token_stream(tokenizer, train_text, data.train_chars)
     test = token_stream(tokenizer, eval_text)
-    say(f"teacher {source_id}: {sum(p.numel() for p in teacher.parameters()) / 1e6:.1f}M parameters; text "
+    for stream, which, least in ((train, "training", data.context + 2), (test, "evaluation", data.context)):
+        if len(stream) < least:
+            raise ConfigError(
+                f"data: the {which} text has {len(stream)} tokens, fewer than one window of {data.context} "
+                f"(data.context){'; lower data.eval_fraction' if which == 'training' and data.text != 'english' else ''}"
+            )
+    say(f"teacher {source_id}: {sum(p.numel() for p in teacher.parameters()):,} parameters; text "
         f"{what}: {len(train)} training tokens, evaluation {data.eval_windows} x {data.context}")  # fmt: skip
     run_dir.mkdir(parents=True, exist_ok=True)
     with RunLock(run_dir, "primaldual convert"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -74,17 +75,27 @@ def test_a_saved_llama_converts_loads_and_resumes(teacher, capsys):
     text = (teacher / "text.txt").read_text()
     test = token_stream(tok, text[int(len(text) * 0.9) :])
     assert perplexity(model, test, 16, 3)["ppl"] == pytest.approx(summary["ppl"], rel=1e-5)
-    # a run killed after its last checkpoint resumes there and ends the same
+    # a run killed after its last checkpoint and its model's save, before the summary: resumes and ends the same
     (run / "summary.json").unlink()
-    import shutil
-
-    shutil.rmtree(run / "model")
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "stage 1: done earlier" in out and "resuming from" in out
     again = json.loads((run / "summary.json").read_text())
     assert again["ppl"] == pytest.approx(summary["ppl"], rel=1e-6)
     assert main(argv) == 0 and "finished earlier" in capsys.readouterr().out
+    # the same conversion, its config spelled another way, is the same run
+    import os
+
+    here = os.getcwd()
+    try:
+        os.chdir(teacher)
+        assert main(["convert", "teacher", "-c", "./conv.yaml", "--run-dir", str(run)]) == 0
+        assert "finished earlier" in capsys.readouterr().out
+    finally:
+        os.chdir(here)
+    # a converted model is not a teacher (its layers would load as the original's, re-initialised)
+    assert main(["convert", str(run / "model"), "-c", str(teacher / "conv.yaml"), "--run-dir", str(run) + "x"]) == 2
+    assert "already converted by primaldual" in capsys.readouterr().err and not Path(str(run) + "x").exists()
     with torch.no_grad():  # the teacher's file is unchanged
         t = AutoModelForCausalLM.from_pretrained(teacher / "teacher")
         assert not converted_layers(t)
@@ -98,12 +109,20 @@ def test_a_saved_llama_converts_loads_and_resumes(teacher, capsys):
         (["--data.contxt", "8"], "data: unknown key(s) contxt"),
         (["--data.context", "1"], "data.context"),
         (["--stage2.decay", "inverse_sqrt"], "stage2.decay: a Hugging Face conversion takes"),
+        (["--layers", "[5]"], "out of range"),
+        (["--options.s", "0"], "s must be an int >= 1"),
+        (["--data.context", "80"], "data.context: 80 tokens, more than the teacher's 64 positions"),
+        (["--data.eval_fraction", "0.999"], "the training text has"),
     ],
 )
-def test_bad_input_is_one_line(teacher, tmp_path, capsys, extra, message):
+def test_bad_input_is_one_line_and_writes_nothing(teacher, tmp_path, capsys, extra, message):
     argv = ["convert", str(teacher / "teacher"), "-c", str(teacher / "conv.yaml"), "--run-dir", str(tmp_path / "r")]
     assert main(argv + extra) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "r").exists()
+    assert main(["convert", str(teacher / "teacher"), "-c", str(teacher / "conv.yaml"), "--run-dir", ""]) == 2
+    assert "--run-dir: empty" in capsys.readouterr().err
 
 
 def test_a_foreign_directory_and_a_run_teacher_with_data_are_refused(teacher, tmp_path, capsys):
