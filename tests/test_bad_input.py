@@ -40,7 +40,7 @@ CASES = [
     (["fit", "-c", "uea/default", "--name", "a\x01b"], "--name: 'a\\x01b' is not a valid YAML value"),
     (["fit", "-c", "uea/default", "--model.dim", "1000000000000"], "model.dim must be an int"),
     (["fit", "-c", "uea/default", "--optim.lr", "1e-3", "--print-config", "--trainer.max_epochs", "x"], "max_epochs"),
-    (["convert", "nowhere", "-c", "lm/english/convert/primal_plus"], "run directory nowhere not found"),
+    (["convert", "nowhere", "-c", "lm/english/convert/primal_plus"], "TEACHER nowhere: not found"),
 ]
 
 

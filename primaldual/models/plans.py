@@ -87,7 +87,7 @@ def expand_plan(model: dict[str, Any], depth: int) -> None:
     """A config's ``model`` section (a dict, in place): ``plan`` (+ ``primal_options``, ``base``, ``base_options``,
     ``primal_layers``) -> ``attention`` / ``attention_options`` lists of ``depth`` (the section's, or ``depth``)."""
     plan = model.pop("plan", None)
-    opts = {k: model.pop(k) for k in PLAN_KEYS[1:] if k in model}
+    opts = {k: v for k in PLAN_KEYS[1:] if k in model and (v := model.pop(k)) is not None}  # null: not given
     if plan is None:
         if opts:
             raise ConfigError(f"model.{next(iter(opts))}: only used with model.plan (primalformer or primal_plus)")

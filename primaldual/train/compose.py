@@ -223,19 +223,22 @@ def merge(into: DictConfig, new: dict[str, Any] | DictConfig) -> DictConfig:
     for k in [k for k, v in raw.items() if v is None and isinstance(into.get(k), DictConfig)]:
         new.pop(k)
     if isinstance(incoming := new.get("model"), DictConfig):
-        drop_alternatives(into, incoming.keys())
+        drop_alternatives(into, incoming.keys(), incoming.get("plan"))
     return OmegaConf.merge(into, new)
 
 
-def drop_alternatives(values: DictConfig, incoming: Iterable[str]) -> None:
+def drop_alternatives(values: DictConfig, incoming: Iterable[str], plan: Any = None) -> list[str]:
     """Before ``model`` keys ``incoming`` are set: ``plan`` drops ``attention`` / ``attention_options`` from
-    ``values.model``, and either of those drops the plan's keys (files and overrides follow the same rule)."""
+    ``values.model`` (and, to ``primalformer``, ``primal_plus``'s own keys), and either of those drops the plan's
+    keys (files and overrides follow the same rule). Returns the names dropped."""
     model, incoming = values.get("model"), set(incoming)
-    if isinstance(model, DictConfig) and (plan := "plan" in incoming) | bool(
-        {"attention", "attention_options"} & incoming
-    ):
-        for k in ("attention", "attention_options") if plan else PLAN_KEYS:
-            model.pop(k, None)
+    if not isinstance(model, DictConfig):
+        return []
+    if "plan" in incoming:
+        drop = ["attention", "attention_options", *(PLAN_KEYS[2:] if plan == "primalformer" else ())]
+    else:
+        drop = list(PLAN_KEYS) if {"attention", "attention_options"} & incoming else []
+    return [k for k in drop if k not in incoming and model.pop(k, "-") != "-"]
 
 
 def compose(

@@ -134,27 +134,53 @@ def _expanded(args: list[str] | None) -> list[tuple[str, Any]]:
 
 def set_overrides(values: DictConfig, pairs: list[tuple[str, Any]], task: Any) -> None:
     """Set ``(dotted key, value)`` pairs on config values, each key checked against ``task``'s schema (deeper keys
-    only where the values hold a mapping); ``model.plan`` and ``model.attention`` replace each other, as in files."""
+    only where the values hold a mapping; a whole section's mapping merged key by key, as files are);
+    ``model.plan`` and ``model.attention`` replace each other, as in files, and a flag that would undo an earlier
+    one is an error."""
     try:
         schema = config_class(task)().to_dict()
         schema["model"].update(dict.fromkeys(PLAN_KEYS))
     except ConfigError:  # an unknown task: reported when the config is built
         schema = None
-    for key, value in pairs:
+    flat: list[tuple[str, Any]] = []
+    for key, value in pairs:  # --optim '{lr: 0.1}' is --optim.lr 0.1
+        if schema is not None and isinstance(schema.get(key), dict):
+            if not isinstance(value, dict):
+                raise ConfigError(f"--{key}: a section; expected a mapping of its keys, got {value!r}")
+            flat += [(f"{key}.{k}", v) for k, v in value.items()]
+        else:
+            flat.append((key, value))
+    model = values.get("model")
+    keys = {k for k, _ in flat}
+    plan = isinstance(model, DictConfig) and "plan" in model
+    if plan and "model.attention_options" in keys and "model.attention" not in keys:
+        raise ConfigError(
+            "--model.attention_options: this config sets model.plan; change the plan's options with "
+            "--model.primal_options, or give --model.attention as well (it replaces the plan)"
+        )
+    done: list[str] = []
+    for key, value in flat:
         if key == "attention":  # the switch's rename, done on the built config
             continue
         node, parts = schema, key.split(".")
         for i, part in enumerate(parts if schema is not None else ()):
             if not isinstance(node, dict):
-                if isinstance(OmegaConf.select(values, ".".join(parts[:i])), DictConfig):
+                here = OmegaConf.select(values, ".".join(parts[:i]))
+                if isinstance(here, DictConfig):
                     break  # inside a mapping value, such as model.attention_options.s
-                raise ConfigError(unknown_key(key, task, [], f" (from --{key}: {parts[i - 1]!r} is not a section)"))
+                at = ".".join(parts[:i])
+                raise ConfigError(
+                    f"--{key}: {at} is {'null' if here is None else 'not a mapping'} here; set it whole (--{at} ...)"
+                )
             if part not in node:
                 raise ConfigError(unknown_key(key, task, node, f" (from --{key})"))
             node = node[part]
-        if parts[0] == "model" and len(parts) == 2:
-            drop_alternatives(values, parts[1:])
+        dropped = drop_alternatives(values, parts[1:], value) if parts[0] == "model" and len(parts) == 2 else []
+        undone = [d for d in done if d.startswith(f"{key}.") or any(d.startswith(f"model.{x}") for x in dropped)]
+        if undone:
+            raise ConfigError(f"--{key} undoes --{undone[0]} given before it; give one of them")
         OmegaConf.update(values, key, value, merge=False, force_add=True)
+        done.append(key)
 
 
 def load_config(

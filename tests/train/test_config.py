@@ -110,8 +110,25 @@ def test_an_override_replaces_the_plan_as_a_later_file_does():
     assert cfg.model.attention == ["primal"] * cfg.model.depth
     opts = load_config("uea/JapaneseVowels/primalformer", ["--model.attention_options.s", "7"]).model.attention_options
     assert opts["s"] == 7  # a key inside a mapping value
-    with pytest.raises(ConfigError, match=r"model.dropout.p.*'dropout' is not a section"):
+    with pytest.raises(ConfigError, match=r"--model.dropout.p: model.dropout is not a mapping here"):
         load_config("uea/JapaneseVowels/primalformer", ["--model.dropout.p", "0.1"])
+    # switching plans drops the old plan's own keys; a null plan key is not given
+    assert load_config("lra/listops/primal_plus", ["--model.plan", "primalformer"]).model.attention == ["primal"] * 2
+    cfg = load_config("lra/listops/primalformer", ["--model.plan", "primal_plus", "--model.base", "null"])
+    assert cfg.model.attention == ["softmax", "primal"]
+    # a whole section merges key by key, as a file does
+    optim = load_config("lra/listops/primal_plus", ["--optim", "{lr: 0.0001}"]).optim
+    assert optim.lr == 1e-4 and optim.name == load_config("lra/listops/primal_plus").optim.name
+    for args, message in (
+        (["--model", "null"], "--model: a section; expected a mapping"),
+        (["--model.attention_options", "{s: 5}"], "this config sets model.plan"),  # every layer would turn primal
+        (["--model.primal_options.s", "9", "--model.attention", "softmax"], "--model.attention undoes"),
+        (["--attention", "softmax", "--model.plan", "primalformer"], "--model.plan undoes --model.attention"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            load_config("lra/listops/primal_plus", args)
+    with pytest.raises(ConfigError, match="undoes --model.attention_options.s"):
+        load_config("uea/JapaneseVowels/primalformer", ["--model.attention_options.s", "3", "--attention", "primal"])
 
 
 def test_help_lists_attentions_and_configs(capsys):
