@@ -115,6 +115,14 @@ class HybridAttention(AuxLossMixin, SparseAttention):
         check_choice("ksvd_reduction", ksvd_reduction, KSVD_REDUCTIONS)
         self.aux_loss_weight = check_number("eta", eta, low=0.0)
         self.has_branch = check_bool("primal_branch", primal_branch)
+        branch = {
+            "s": (s, 20),
+            "eta": (eta, 0.1),
+            "ksvd_reduction": (ksvd_reduction, "global"),
+            "gate_init": (gate_init, 0.0),
+        }
+        if not self.has_branch and (unused := [k for k, (v, d) in branch.items() if v != d]):
+            raise ValueError(f"{unused[0]}: an option of the primal branch, which primal_branch=False drops")
         gate_init = check_number("gate_init", gate_init)
         self.eps = check_number("eps", eps, low=0.0, low_open=True)
         self.keys_in_window, self.sinks, self.s, self.ksvd_reduction = window, sinks, s, ksvd_reduction

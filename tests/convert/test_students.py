@@ -64,3 +64,11 @@ def test_bad_students_and_layers_are_clear_errors():
         swap_attention(converted, "primal", [0])
     with pytest.raises(TypeError, match="CausalLM"):
         swap_attention(torch.nn.Linear(2, 2), "primal")
+
+
+def test_the_window_student_refuses_the_primal_branch_options():
+    from primaldual.attention.hybrid import HybridAttention
+
+    with pytest.raises(ValueError, match="s: an option of the primal branch, which primal_branch=False drops"):
+        HybridAttention(16, 2, window=4, primal_branch=False, s=3, causal=True)
+    HybridAttention(16, 2, window=4, primal_branch=False, causal=True)  # window and sinks alone
