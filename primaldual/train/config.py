@@ -165,10 +165,9 @@ def set_overrides(values: DictConfig, pairs: list[tuple[str, Any]], task: Any) -
         node, parts = schema, key.split(".")
         for i, part in enumerate(parts if schema is not None else ()):
             if not isinstance(node, dict):
-                here = OmegaConf.select(values, ".".join(parts[:i]))
-                if isinstance(here, DictConfig):
-                    break  # inside a mapping value, such as model.attention_options.s
                 at = ".".join(parts[:i])
+                if isinstance(here := OmegaConf.select(values, at), DictConfig):
+                    break  # inside a mapping value, such as model.attention_options.s
                 raise ConfigError(
                     f"--{key}: {at} is {'null' if here is None else 'not a mapping'} here; set it whole (--{at} ...)"
                 )
@@ -206,6 +205,8 @@ def apply_overrides(cfg: RunConfig, args: list[str]) -> RunConfig:
 
 
 def _with(cfg: RunConfig, pairs: list[tuple[str, Any]]) -> RunConfig:
+    if not pairs:
+        return cfg
     d = cfg.to_dict()
     if (task := dict(pairs).get("task", cfg.task)) != cfg.task:
         type(cfg).drop_own_defaults(d)  # the old task's keys at their defaults go; the new one's come in at theirs

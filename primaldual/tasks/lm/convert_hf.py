@@ -97,16 +97,21 @@ def is_hf_teacher(source: str | os.PathLike) -> bool:
     """Whether ``source`` names a Hugging Face teacher (``smollm2``, a ``.gguf`` file, a directory with a
     ``config.json`` and no primaldual ``config.yaml``) rather than a primaldual run directory."""
     p = Path(source)
-    if str(source) == "smollm2" and not p.exists():
+    if _is_smollm2(source):
         return True
     if p.is_file() and p.suffix == ".gguf":
         return True
     return p.is_dir() and (p / "config.json").is_file() and not (p / "config.yaml").is_file()
 
 
+def _is_smollm2(source: str | os.PathLike) -> bool:
+    """``smollm2`` names the cached model, unless a file or folder of that name is there."""
+    return str(source) == "smollm2" and not Path(source).exists()
+
+
 def load_hf_teacher(source: str | os.PathLike) -> tuple[nn.Module, Any]:
     """``(model, tokenizer)``: the teacher in float32, eval mode."""
-    if str(source) == "smollm2" and not Path(source).exists():
+    if _is_smollm2(source):
         from ...data.smollm2 import load_smollm2
 
         return load_smollm2()
@@ -336,7 +341,7 @@ def convert_hf_run(
     run_dir = Path(run_dir if run_dir is not None else f"runs/convert/{teacher_name}-{name}-seed{seed}")
     if config.endswith((".yaml", ".yml")):
         config = str(Path(config).resolve())  # one conversion, however its file is spelled
-    source_id = "smollm2" if str(source) == "smollm2" else str(Path(source).resolve())
+    source_id = "smollm2" if _is_smollm2(source) else str(Path(source).resolve())
     record = yaml.safe_dump({"convert": conv.to_dict(), "config": config, "teacher": source_id, "seed": seed},
                             sort_keys=False)  # fmt: skip
     _check_dir(run_dir, record, fresh)
