@@ -149,8 +149,9 @@ class DecisionTransformer(ReturnConditionedPolicy):
         activation: the FFN's, ``"gelu"`` or ``"relu"``. attn_drop: dropout on the attention weights (softmax
             layers; a primal layer has no attention matrix and refuses it). ffn_drop: dropout on the FFN's hidden
             units (None: ``dropout``).
-        init: ``"pytorch"`` (each module's default) or ``"gpt2"`` (N(0, 0.02), residual projections scaled by
-            ``1 / sqrt(2 depth)``, zero biases; a primal layer's own projection matrices keep their initialisation).
+        init: ``"gpt2"`` (N(0, 0.02), residual projections scaled by ``1 / sqrt(2 depth)``, zero biases; a primal
+            layer's own projection matrices keep their initialisation) or ``"pytorch"`` (each module's default).
+            GPT-2's is the default: on hopper-medium it fits the actions better (docs/results.md, "A peer").
     """
 
     def __init__(
@@ -171,7 +172,7 @@ class DecisionTransformer(ReturnConditionedPolicy):
         activation: str = "gelu",
         attn_drop: float = 0.0,
         ffn_drop: float | None = None,
-        init: str = "pytorch",
+        init: str = "gpt2",
     ) -> None:
         super().__init__()
         check_int("state_dim", state_dim, low=1)

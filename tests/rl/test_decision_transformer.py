@@ -170,8 +170,8 @@ def test_block_options_are_validated():
 def test_gpt2_init_draws_every_weight_from_gpt2s_distribution():
     torch.manual_seed(0)
     depth, dim = 2, 64
-    m = DecisionTransformer(SD, AD, max_ep_len=500, context=K, dim=dim, depth=depth, num_heads=2, init="gpt2")
-    assert m.init == "gpt2"
+    m = DecisionTransformer(SD, AD, max_ep_len=500, context=K, dim=dim, depth=depth, num_heads=2)
+    assert m.init == "gpt2"  # the default
     residual = {f"encoder.blocks.{i}.{n}.weight" for i in range(depth) for n in ("attn.proj", "ffn.net.3")}
     for name, p in m.named_parameters():
         p = p.detach()
@@ -183,7 +183,7 @@ def test_gpt2_init_draws_every_weight_from_gpt2s_distribution():
             want = 0.02 / (2 * depth) ** 0.5 if name in residual else 0.02
             assert abs(float(p.std()) / want - 1) < 0.1, (name, float(p.std()), want)
     # PyTorch's defaults are far from it: N(0, 1) timestep table, U(+-1/sqrt(fan_in)) linears with biases
-    d = DecisionTransformer(SD, AD, max_ep_len=500, context=K, dim=dim, depth=depth, num_heads=2)
+    d = DecisionTransformer(SD, AD, max_ep_len=500, context=K, dim=dim, depth=depth, num_heads=2, init="pytorch")
     assert float(d.embed_timestep.weight.std()) > 0.9 and float(d.embed_state.bias.abs().max()) > 0
 
 

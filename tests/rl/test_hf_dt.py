@@ -252,12 +252,15 @@ def test_our_dt_with_the_peers_block_is_the_peer_weight_for_weight():
 
 
 def test_hf_dt_refuses_our_block_options():
-    for key, value in (("init", "gpt2"), ("activation", "relu"), ("attn_drop", "0.1"), ("ffn_drop", "0.0")):
+    for key, value in (("activation", "relu"), ("attn_drop", "0.1"), ("ffn_drop", "0.0")):
         with pytest.raises(ConfigError, match=f"model.{key}: model.kind 'hf_dt' is Hugging Face's"):
             load_config("rl/hopper-medium/hf_dt", [f"--model.{key}", value])
-    cfg = load_config(
-        "rl/hopper-medium/dt", ["--model.init", "gpt2", "--model.activation", "relu", "--model.attn_drop", "0.1"]
-    )
+    # the shipped DT configs start from GPT-2's initialisation, which is what transformers gives the peer; the
+    # schema's `pytorch` is what the peer's run directories from before that default hold
+    assert load_config("rl/hopper-medium/hf_dt").model.init == "gpt2"
+    assert load_config("rl/hopper-medium/hf_dt", ["--model.init", "pytorch"]).model.init == "pytorch"
+    assert load_config("rl/hopper-medium/dt").model.init == "gpt2"
+    cfg = load_config("rl/hopper-medium/dt", ["--model.activation", "relu", "--model.attn_drop", "0.1"])
     assert (cfg.model.init, cfg.model.activation, cfg.model.attn_drop, cfg.model.ffn_drop) == (
         "gpt2",
         "relu",

@@ -53,7 +53,9 @@ class OfflineRLTask(Task):
         if m.resolved_kind(self.name) == "hf_dt":
             peer_attention(m, "Hugging Face's DecisionTransformerModel")
             default = type(cfg)().model
-            for key in ("activation", "attn_drop", "ffn_drop", "init"):
+            # model.init is not checked: transformers initialises the peer with GPT-2's scheme, which the shipped
+            # configs' `gpt2` names; `pytorch`, the schema's default, is what run directories before it hold
+            for key in ("activation", "attn_drop", "ffn_drop"):
                 if getattr(m, key) != getattr(default, key):
                     raise ConfigError(
                         f"model.{key}: model.kind 'hf_dt' is Hugging Face's DecisionTransformerModel, whose block is "

@@ -6,8 +6,10 @@ text. Written with the hand-written engine that OmegaConf replaced (commit abb5f
 directory. The ``config.yaml`` texts were frozen again when every task declared all the keys it reads: 179 texts
 lost keys their task does not read, while every config and every fingerprint stayed as frozen (a run directory
 written before resumes: a key missing from one of two texts counts as its default); and again (141 texts) when tasks
-came to own their keys (``Task.config``), which moved a task's own keys after the common ones, fingerprints equal. Re-run it only to record an
-intended change of a shipped config::
+came to own their keys (``Task.config``), which moved a task's own keys after the common ones, fingerprints equal.
+The six ``rl/`` entries were edited by hand when the Decision Transformer configs made ``model.init: gpt2`` their
+default: a new fingerprint each (``--model.init pytorch`` gives the old one). Re-run it only to record an intended
+change of a shipped config::
 
     python tests/train/data/freeze_configs.py
 """
