@@ -1,4 +1,4 @@
-"""A subprocess runner for the training tests (the tiny config itself: ``tiny_config`` in tests/conftest.py)."""
+"""Runners for the training tests: in a subprocess, or in this process (the tiny config itself: ``tiny_config`` in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,29 @@ def run(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env())
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     return res
+
+
+def run_here(cmd: list[str]) -> subprocess.CompletedProcess:
+    """``run(cmd)`` for a ``python -m primaldual.cli ...`` command, in this process through ``primaldual.cli.main``
+    (what the console script calls): a process start (Lightning's import) costs more than a tiny run. For the runs a
+    test does not kill. ``--threads`` holds for the run (the thread count changes float sums, and a run compared with
+    a subprocess's must use the same), and the test process's count is restored after it."""
+    import contextlib
+    import io
+
+    import torch
+
+    from primaldual.cli import main
+
+    assert cmd[:3] == [sys.executable, "-m", "primaldual.cli"], cmd
+    out, err, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(cmd[3:])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0, out.getvalue()[-3000:] + err.getvalue()[-5000:]
+    return subprocess.CompletedProcess(cmd, code, out.getvalue(), err.getvalue())
 
 
 def history_rows(run_dir: Path) -> list[dict[str, str]]:

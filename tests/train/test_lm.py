@@ -18,7 +18,7 @@ from primaldual.data.lm import unigram_baseline
 from primaldual.train.config import ConfigError, RunConfig, list_configs, load_config
 from primaldual.train.module import lr_factor
 
-from .helpers import fit_cmd, history_rows, kill_after_rows, run
+from .helpers import fit_cmd, history_rows, kill_after_rows, run_here
 
 SENTENCES = (
     "the kernel maps a page into memory and the driver reads the buffer .",
@@ -101,7 +101,7 @@ def english_run(tmp_path_factory, english_dir):
     """One finished tiny English run (shared by the summary and generate tests)."""
     tmp = tmp_path_factory.mktemp("run")
     run_dir = tmp / "run"
-    run(fit_cmd(_lm_config(tmp, english_dir), run_dir, "--threads", "1"))
+    run_here(fit_cmd(_lm_config(tmp, english_dir), run_dir, "--threads", "1"))
     return run_dir
 
 
@@ -136,7 +136,7 @@ def test_lm_resume_after_kill_matches_uninterrupted(tmp_path, english_dir, engli
     killed = tmp_path / "killed"
     assert 1 <= kill_after_rows(fit_cmd(cfg, killed, "--threads", "1"), killed, 2) < 4
     assert not (killed / "summary.json").exists()
-    assert "resuming from" in run(fit_cmd(cfg, killed, "--threads", "1")).stdout
+    assert "resuming from" in run_here(fit_cmd(cfg, killed, "--threads", "1")).stdout
     ref, got = (json.loads((d / "summary.json").read_text()) for d in (english_run, killed))
     assert got["test_loss"] == ref["test_loss"] and got["best_step"] == ref["best_step"]
     assert history_rows(killed) == history_rows(english_run)

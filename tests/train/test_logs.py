@@ -55,10 +55,12 @@ def test_a_progress_bar_only_on_a_terminal():
 
 
 def test_tensorboard_logger_writes_event_files_beside_the_csv_log(tmp_path, tiny_config):
-    from .helpers import run
+    from .helpers import run_here
 
     run_dir = tmp_path / "run"
-    run(fit_cmd(tiny_config(**{"trainer.max_epochs": 1, "trainer.logger": "tensorboard"}), run_dir, "--threads", "1"))
+    run_here(
+        fit_cmd(tiny_config(**{"trainer.max_epochs": 1, "trainer.logger": "tensorboard"}), run_dir, "--threads", "1")
+    )
     events = list((run_dir / "logs" / "tensorboard").rglob("events.out.tfevents.*"))
     assert events and events[0].stat().st_size > 0
     assert list((run_dir / "logs").glob("version_*/metrics.csv"))  # the CSV log is still written

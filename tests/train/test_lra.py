@@ -14,7 +14,7 @@ from primaldual.tasks.lra.task import build_lra_splits
 from primaldual.train.config import ConfigError, list_configs, load_config
 from primaldual.train.module import lr_factor
 
-from .helpers import env, fit_cmd, history_rows, kill_after_rows, run
+from .helpers import env, fit_cmd, history_rows, kill_after_rows, run_here
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_every_lra_config_loads_with_the_lra_protocol():
 
 def test_fit_listops_step_based(tmp_path, tiny_config, listops_dir):
     run_dir = tmp_path / "run"
-    out = run(fit_cmd(_config(tiny_config, listops_dir), run_dir, "--threads", "1")).stdout
+    out = run_here(fit_cmd(_config(tiny_config, listops_dir), run_dir, "--threads", "1")).stdout
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["steps"] == 40 and s["evaluations"] == 5 and s["best_step"] in (8, 16, 24, 32, 40)
     assert s["data"]["tokenisation"] == "brackets" and s["data"]["source"] == "generated"
@@ -74,10 +74,10 @@ def test_lra_resume_mid_epoch_matches_uninterrupted(tmp_path, tiny_config, listo
     # 300 / 16 = 19 batches per epoch, evaluation + checkpoint every 8 steps: checkpoints land mid-epoch.
     cfg = _config(tiny_config, listops_dir)
     ref_dir, dir_ = tmp_path / "uninterrupted", tmp_path / "killed"
-    run(fit_cmd(cfg, ref_dir, "--threads", "1"))
+    run_here(fit_cmd(cfg, ref_dir, "--threads", "1"))
     assert 2 <= kill_after_rows(fit_cmd(cfg, dir_, "--threads", "1"), dir_, 2) < 5
     assert not (dir_ / "summary.json").exists()
-    assert "resuming from" in run(fit_cmd(cfg, dir_, "--threads", "1")).stdout
+    assert "resuming from" in run_here(fit_cmd(cfg, dir_, "--threads", "1")).stdout
     ref, got = json.loads((ref_dir / "summary.json").read_text()), json.loads((dir_ / "summary.json").read_text())
     for key in ("steps", "best_step", "test_acc", "test_loss", "val_acc"):
         assert got[key] == ref[key], key

@@ -6,7 +6,7 @@ import json
 
 import torch
 
-from .helpers import fit_cmd, history_rows, kill_after_rows, run
+from .helpers import fit_cmd, history_rows, kill_after_rows, run_here
 
 
 def test_resume_after_sigkill_matches_uninterrupted(tmp_path, tiny_config):
@@ -19,13 +19,13 @@ def test_resume_after_sigkill_matches_uninterrupted(tmp_path, tiny_config):
         },
     )
     ref_dir, dir_ = tmp_path / "uninterrupted", tmp_path / "killed"
-    run(fit_cmd(cfg, ref_dir, "--threads", "1"))
+    run_here(fit_cmd(cfg, ref_dir, "--threads", "1"))
 
     done_before_kill = kill_after_rows(fit_cmd(cfg, dir_, "--threads", "1"), dir_, 2)
     assert 2 <= done_before_kill < 6, f"the kill should land mid-run, after >= 1 checkpoint ({done_before_kill} epochs)"
     assert (dir_ / "checkpoints" / "last.ckpt").is_file() and not (dir_ / "summary.json").exists()
 
-    out = run(fit_cmd(cfg, dir_, "--threads", "1")).stdout
+    out = run_here(fit_cmd(cfg, dir_, "--threads", "1")).stdout
     assert "resuming from" in out
 
     ref, got = json.loads((ref_dir / "summary.json").read_text()), json.loads((dir_ / "summary.json").read_text())

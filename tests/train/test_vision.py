@@ -12,7 +12,7 @@ import yaml
 
 from primaldual.train.config import ConfigError, list_configs, load_config
 
-from .helpers import fit_cmd, history_rows, kill_after_rows, run, tiny_vision, write_image_folder
+from .helpers import fit_cmd, history_rows, kill_after_rows, run_here, tiny_vision, write_image_folder
 
 PIL = pytest.importorskip("PIL.Image")
 
@@ -50,7 +50,7 @@ def _config(tmp_path, root, **changes) -> str:
 
 def test_image_folder_run_trains_and_tests_end_to_end_with_the_deit_recipe(tmp_path, folder):
     out = tmp_path / "run"
-    run(fit_cmd(_config(tmp_path, folder), out, "--threads", "1"))
+    run_here(fit_cmd(_config(tmp_path, folder), out, "--threads", "1"))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["task"] == "vision" and summary["steps"] == 8 and summary["evaluations"] == 2
     assert 0.0 <= summary["test_acc"] <= 1.0
@@ -70,9 +70,9 @@ def test_a_killed_vision_run_resumes_to_the_same_result(tmp_path, folder):
     }
     cfg = _config(tmp_path, folder, **changes)
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    run(fit_cmd(cfg, whole, "--threads", "1"))
+    run_here(fit_cmd(cfg, whole, "--threads", "1"))
     assert 1 <= kill_after_rows(fit_cmd(cfg, killed, "--threads", "1"), killed, 2) < 4
-    run(fit_cmd(cfg, killed, "--threads", "1"))
+    run_here(fit_cmd(cfg, killed, "--threads", "1"))
     a, b = history_rows(whole), history_rows(killed)
     assert [r["val/loss"] for r in a] == [r["val/loss"] for r in b]  # the same augmentations were drawn
     sa = json.loads((whole / "summary.json").read_text())
