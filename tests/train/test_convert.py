@@ -14,7 +14,7 @@ from primaldual.tasks.lm.convert import load_convert_config
 from primaldual.train.checkpoints import load_checkpoint
 from primaldual.train.rundir import run_config
 
-from .helpers import fit_cmd, run
+from .helpers import fit_cmd, run_here
 from .test_lm import _lm_config, english_dir  # noqa: F401  (the tiny corpus fixture)
 
 
@@ -22,7 +22,7 @@ from .test_lm import _lm_config, english_dir  # noqa: F401  (the tiny corpus fix
 def teacher_run(tmp_path_factory, english_dir):  # noqa: F811
     tmp = tmp_path_factory.mktemp("teacher")
     cfg = _lm_config(tmp, english_dir, **{"model.attention": "softmax", "model.attention_options": None})
-    run(fit_cmd(cfg, tmp / "run", "--threads", "1"))
+    run_here(fit_cmd(cfg, tmp / "run", "--threads", "1"))
     return tmp / "run"
 
 
@@ -62,7 +62,7 @@ def _tiny(student: str) -> list[str]:
 @pytest.mark.parametrize("student", ["primal", "hybrid"])
 def test_convert_writes_a_run_directory_that_resumes_generates_and_loads(tmp_path, teacher_run, student, capsys):
     out = tmp_path / "conv"
-    res = run(_convert_cmd(teacher_run, out, *_tiny(student)))
+    res = run_here(_convert_cmd(teacher_run, out, *_tiny(student)))
     assert "stage 1 step 10/10" in res.stdout and "converted: test ppl" in res.stdout
     for name in (
         "convert.yaml",
@@ -100,11 +100,11 @@ def test_convert_writes_a_run_directory_that_resumes_generates_and_loads(tmp_pat
     module.load_state_dict(state)  # strict: every trained parameter has its place
     assert torch.equal(module.model.decoder.blocks[n - 1].attn.w_e, state[key])
     if student != "primal":
-        return  # the run directory's behaviour below does not depend on the student (three more processes)
+        return  # the run directory's behaviour below does not depend on the student
     # a second call reports the finished run (no retraining); generate works on it
-    again = run(_convert_cmd(teacher_run, out, *_tiny(student)))
+    again = run_here(_convert_cmd(teacher_run, out, *_tiny(student)))
     assert "stage 1" not in again.stdout and "converted: test ppl" in again.stdout
-    gen = run(
+    gen = run_here(
         [
             sys.executable,
             "-m",
@@ -129,7 +129,7 @@ def test_convert_writes_a_run_directory_that_resumes_generates_and_loads(tmp_pat
 
 def test_window_student_swaps_without_stage_1(tmp_path, teacher_run):
     out = tmp_path / "win"
-    res = run(
+    res = run_here(
         _convert_cmd(
             teacher_run,
             out,
@@ -205,9 +205,8 @@ def test_stage2_kl_to_the_teacher_is_zero_for_an_identical_teacher_and_kept_out_
     other = CausalLM(40, 16, dim=16, depth=2, num_heads=2, ffn_dim=32, dropout=0.0).double()
     module.distill_from(other, 0.5)
     loss, _, _, _ = module.training_loss(batch, 0)
-    assert float(module.aux_parts["kl"]) > 0 and float(loss) == pytest.approx(
-        float(task) + 0.5 * float(module.aux_parts["kl"])
-    )
+    kl = float(module.aux_parts["kl"].detach())
+    assert kl > 0 and float(loss.detach()) == pytest.approx(float(task) + 0.5 * kl)
     assert set(module.state_dict()) == {f"model.{k}" for k in model.state_dict()}  # the teacher is not saved
     assert not any(p is q for p in module.parameters() for q in other.parameters())
     with pytest.raises(ValueError, match="kl weight"):
