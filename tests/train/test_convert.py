@@ -206,7 +206,7 @@ def test_stage2_kl_to_the_teacher_is_zero_for_an_identical_teacher_and_kept_out_
     module.distill_from(other, 0.5)
     loss, _, _, _ = module.training_loss(batch, 0)
     kl = float(module.aux_parts["kl"].detach())
-    assert kl > 0 and float(loss.detach()) == pytest.approx(float(task) + 0.5 * kl)
+    assert kl > 0 and float(loss.detach()) == pytest.approx(float(task.detach()) + 0.5 * kl)
     assert set(module.state_dict()) == {f"model.{k}" for k in model.state_dict()}  # the teacher is not saved
     assert not any(p is q for p in module.parameters() for q in other.parameters())
     with pytest.raises(ValueError, match="kl weight"):
