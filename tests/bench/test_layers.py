@@ -9,10 +9,16 @@ import pytest
 from primaldual.bench.layers import SweepConfig, fit_slope, run_sweep, summary_table
 
 
-def test_sweep_writes_json_and_csv(tmp_path):
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """One tiny sweep (a process per case), shared by the file and plot tests: ``(records, out)``."""
     cfg = SweepConfig(attentions=["softmax", "linear"], lengths=[32, 64], modes=["fwd", "fwd_bwd"], repeats=1, warmup=0)
-    out = tmp_path / "layers.json"
-    records = run_sweep(cfg, out, progress=False)
+    out = tmp_path_factory.mktemp("sweep") / "layers.json"
+    return run_sweep(cfg, out, progress=False), out
+
+
+def test_sweep_writes_json_and_csv(sweep):
+    records, out = sweep
     assert len(records) == 8 and all(r["status"] == "ok" for r in records), records
     data = json.loads(out.read_text())
     assert data["machine"]["torch"] and data["settings"]["batch"] == 4
@@ -50,12 +56,11 @@ def test_fit_slope():
     assert fit_slope([1], [1]) is None
 
 
-def test_plot_from_file(tmp_path):
+def test_plot_from_file(sweep, tmp_path):
     pytest.importorskip("matplotlib")
     from primaldual.bench.plot import plot_layers
 
-    cfg = SweepConfig(attentions=["linear"], lengths=[32, 64], modes=["fwd", "fwd_bwd"], repeats=1, warmup=0)
-    run_sweep(cfg, tmp_path / "l.json", progress=False)
+    (tmp_path / "l.json").write_bytes(sweep[1].read_bytes())  # the plots are written beside the file
     paths = plot_layers(tmp_path / "l.json", min_length=32)
     assert all(p.exists() and p.stat().st_size > 1000 for p in paths)
 
