@@ -72,7 +72,7 @@ _OWN_INSIDE = {
         r"(version_\d+|tensorboard(/version_\d+)?)(/(metrics\.csv|hparams\.yaml|events\.out\.tfevents\.[^/]+))?"
         r"|tensorboard|wandb(/.*)?"
     ),
-    "convert": re.compile(rf"stage1\.(pt|json|csv)|{_TMP}"),
+    "convert": re.compile(rf"stage1\.(pt|json|csv|partial\.pt)|{_TMP}"),
     "analysis": re.compile(rf"analysis\.json|spectra\.png|{_TMP}"),
 }
 

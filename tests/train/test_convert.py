@@ -211,3 +211,51 @@ def test_stage2_kl_to_the_teacher_is_zero_for_an_identical_teacher_and_kept_out_
     assert not any(p is q for p in module.parameters() for q in other.parameters())
     with pytest.raises(ValueError, match="kl weight"):
         module.distill_from(other, 0.0)
+
+
+def test_a_stage_1_killed_mid_way_continues_to_the_uninterrupted_result(tmp_path, teacher_run, monkeypatch):
+    """Stage 1 writes ``convert/stage1.partial.pt`` as it goes; a conversion stopped after step 4 of 10 continues from
+    it (same batches, Adam state and random state) to the same ``stage1.pt``, history and report as a straight one,
+    and the partial file is gone once stage 1 has finished."""
+    import primaldual.convert as conv_pkg
+    from primaldual.tasks.lm.convert import convert_run
+
+    overrides = [("calibration_batches", 2), ("stage1.tokens", 640), ("stage2.tokens", 640),
+                 ("options", {"s": 4, "eta": 0.1})]  # fmt: skip
+    args = ("lm/english/convert/primal_plus",)
+    convert_run(teacher_run, *args, overrides=overrides, run_dir=tmp_path / "straight", verbose=False)
+
+    class Killed(Exception):
+        pass
+
+    real = conv_pkg.attention_transfer
+
+    def stopping(*a, on_step=None, **kw):
+        def step(state, opt):
+            on_step(state, opt)
+            if state.step == 4:
+                raise Killed
+
+        return real(*a, on_step=step, **kw)
+
+    monkeypatch.setattr(conv_pkg, "attention_transfer", stopping)
+    killed = tmp_path / "killed"
+    with pytest.raises(Killed):
+        convert_run(teacher_run, *args, overrides=overrides, run_dir=killed, verbose=False)
+    assert torch.load(killed / "convert" / "stage1.partial.pt", weights_only=True)["step"] == 4
+    assert not (killed / "convert" / "stage1.pt").exists()
+    starts = []
+
+    def recording(*a, state=None, **kw):
+        starts.append(state.step)
+        return real(*a, state=state, **kw)
+
+    monkeypatch.setattr(conv_pkg, "attention_transfer", recording)
+    convert_run(teacher_run, *args, overrides=overrides, run_dir=killed, verbose=False)
+    assert starts == [4]  # continued, not restarted
+    a = torch.load(tmp_path / "straight" / "convert" / "stage1.pt", weights_only=True)
+    b = torch.load(killed / "convert" / "stage1.pt", weights_only=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    for name in ("stage1.csv", "stage1.json"):
+        assert (killed / "convert" / name).read_text() == (tmp_path / "straight" / "convert" / name).read_text()
+    assert not (killed / "convert" / "stage1.partial.pt").exists()

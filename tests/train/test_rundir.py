@@ -133,12 +133,14 @@ def test_a_run_directory_from_before_the_mark_is_adopted(tmp_path, tiny_config):
 
 def test_a_run_written_before_a_key_existed_resumes_with_it_at_its_default(tmp_path):
     """An offline-RL run directory from before ``model.init`` (and the other DT block keys) holds a config.yaml
-    without them; the same run continues there (the record gains the keys), a non-default value is refused."""
+    without them; the same run continues there (the record gains the keys), a non-default value is refused: the
+    shipped config's ``init: gpt2`` too (that run trained with PyTorch's, then the default: ``--model.init pytorch``
+    continues it)."""
     import yaml
 
     from primaldual.train.config import ConfigError, dump_config
 
-    cfg = load_config("rl/hopper-medium/dt")
+    cfg = load_config("rl/hopper-medium/dt", ["--model.init", "pytorch"])
     old = yaml.safe_load(dump_config(cfg))
     for key in ("activation", "attn_drop", "ffn_drop", "init"):
         old["model"].pop(key)
@@ -150,7 +152,7 @@ def test_a_run_written_before_a_key_existed_resumes_with_it_at_its_default(tmp_p
     assert (run_dir / "config.yaml").read_text() == dump_config(cfg)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(old, sort_keys=False))
     with pytest.raises(ConfigError, match="different config"):
-        prepare_run_dir(load_config("rl/hopper-medium/dt", ["--model.init", "gpt2"]), run_dir, False, False)
+        prepare_run_dir(load_config("rl/hopper-medium/dt"), run_dir, False, False)
 
 
 def test_a_config_yaml_listing_other_tasks_keys_at_their_defaults_resumes(tmp_path):

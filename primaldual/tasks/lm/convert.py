@@ -269,11 +269,22 @@ def train_batches(dm: Any, batch_size: int, seed: int):
 def _stage1(
     conv: ConvertConfig, teacher: Any, model: Any, dm: Any, cfg: RunConfig, run_dir: Path, verbose: bool
 ) -> None:
-    """Swap, initialise and run stage 1, then load the result into ``model`` and write ``convert/``."""
-    from ...convert import attention_transfer, initialise_students, swap_attention
+    """Swap, initialise and run stage 1, then load the result into ``model`` and write ``convert/``.
+
+    Every logged step (a tenth of stage 1) writes ``convert/stage1.partial.pt``: the student, Adam's state, the
+    progress and the random state. A killed stage 1 continues from there, on the same batches (the seeded stream,
+    skipped to its place), to the same result as an uninterrupted one."""
+    from ...convert import (
+        TransferState,
+        attention_transfer,
+        find_blocks,
+        initialise_students,
+        new_parameters,
+        swap_attention,
+    )
 
     out = run_dir / "convert"
-    saved = out / "stage1.pt"
+    saved, partial = out / "stage1.pt", out / "stage1.partial.pt"
     if saved.is_file():
         model.load_state_dict(torch.load(saved, map_location="cpu", weights_only=True))
         return
@@ -283,10 +294,12 @@ def _stage1(
     B = cfg.data.batch_size
     batches = train_batches(dm, B, cfg.seed)
     report: dict[str, Any] = {"layers": chosen, "init": conv.init, "init_figures": {}, "tokens": 0}
+    steps = math.ceil(conv.stage1.tokens / (B * cfg.data.max_len)) if conv.stage1.tokens else 0
+    resume = torch.load(partial, map_location="cpu", weights_only=True) if steps and partial.is_file() else None
     if conv.init == "teacher" and conv.student != "window":
         calib = [next(batches)[0] for _ in range(conv.calibration_batches)]
-        report["init_figures"] = initialise_students(teacher, student, chosen, torch.cat(calib), None)
-    steps = math.ceil(conv.stage1.tokens / (B * cfg.data.max_len)) if conv.stage1.tokens else 0
+        if resume is None:
+            report["init_figures"] = initialise_students(teacher, student, chosen, torch.cat(calib), None)
     rows: list[dict[str, float]] = []
     if steps:
 
@@ -296,9 +309,32 @@ def _stage1(
                 print(f"stage 1 step {int(row['step'])}/{steps}: loss {row['loss']:.4f} ({per})", flush=True)
 
         every = max(1, steps // 10)
+        blocks = find_blocks(student)
+        opt = torch.optim.Adam([p for i in chosen for p in new_parameters(blocks[i].attn)], lr=conv.stage1.lr)
+        state = TransferState()
+        if resume is not None:
+            student.load_state_dict(resume["student"])
+            opt.load_state_dict(resume["optimizer"])
+            state = TransferState(resume["step"], resume["history"])
+            report["init_figures"] = resume["init_figures"]
+            torch.set_rng_state(resume["rng"])
+            for _ in range(state.step):
+                next(batches)
+            if verbose:
+                print(f"stage 1: resuming at step {state.step}/{steps} ({partial})", flush=True)
+
+        def checkpoint(st: TransferState, optimiser: torch.optim.Optimizer) -> None:
+            if st.step % every == 0 and st.step < steps:
+                keep = {"student": student.state_dict(), "optimizer": optimiser.state_dict(), "step": st.step,
+                        "history": st.history, "init_figures": report["init_figures"], "rng": torch.get_rng_state()}  # fmt: skip
+                data = io.BytesIO()
+                torch.save(keep, data)
+                atomic_write_bytes(partial, data.getvalue())
+
         rows = attention_transfer(
-            teacher, student, chosen, batches, steps, lr=conv.stage1.lr, log_every=every, on_log=log
-        ).history
+            teacher, student, chosen, batches, steps, optimizer=opt, state=state, log_every=every, on_log=log,
+            on_step=checkpoint,
+        ).history  # fmt: skip
         report["tokens"] = steps * B * cfg.data.max_len
         report["first"], report["last"] = rows[0], rows[-1]
     report["steps"] = steps
@@ -314,6 +350,7 @@ def _stage1(
     data = io.BytesIO()
     torch.save(model.state_dict(), data)
     atomic_write_bytes(saved, data.getvalue())
+    partial.unlink(missing_ok=True)  # its own file: stage1.pt holds the result now
 
 
 def convert_run(
