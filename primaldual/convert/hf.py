@@ -21,8 +21,8 @@ from torch import Tensor, nn
 from ..attention.base import AttentionLayer
 from ..integrations.torch_nn import attention_from_projections, resolve_layer_indices
 from .init import init_from_teacher
-from .students import check_student
-from .transfer import attention_transfer
+from .students import check_student, new_parameters
+from .transfer import TransferState, attention_transfer
 
 __all__ = ["convert_hf", "hf_attention_io", "hf_student_layers", "hf_teacher_layer"]
 
@@ -123,6 +123,8 @@ def convert_hf(
     lr: float = 3e-4,
     log_every: int = 10,
     on_log: Callable[[dict[str, float]], None] | None = None,
+    resume: dict[str, Any] | None = None,
+    on_checkpoint: Callable[[dict[str, Any]], None] | None = None,
     **options: Any,
 ) -> tuple[nn.Module, dict[str, Any]]:
     """A converted copy of the transformers causal LM ``teacher`` (left unchanged): swap, initialisation, stage 1.
@@ -134,6 +136,10 @@ def convert_hf(
             calibrates the initialisation, the next ``steps`` train stage 1.
         log_every: a stage-1 history row every ``log_every`` updates (and at the first and last); ``on_log(row)`` is
             called with each as it is made.
+        on_checkpoint: called every ``log_every`` updates of stage 1 (not at its end) with what ``resume`` takes: the
+            new parameters by name, Adam's state, ``step``, ``history``, ``init`` and the random state. A stage 1
+            given it back as ``resume`` continues there; ``batches`` must be the same stream from its start (the
+            calibration batch and the updates done are skipped), so the result equals an uninterrupted one.
 
     Returns:
         ``(model, report)``: report holds ``layers``, ``init`` (per-layer figures) and ``history`` (stage 1).
@@ -154,26 +160,66 @@ def convert_hf(
         it = iter(batches)
         if init == "teacher" and trains:
             ids, mask = next(it)
-            io = hf_attention_io(teacher, ids, mask, chosen)
-            students = hf_student_layers(model, chosen)
-            for i, layer, (x, _, rope) in zip(chosen, students, io):
-                use = rope if type(layer).capabilities.rope else None
-                report["init"][i] = init_from_teacher(layer, hf_teacher_layer(teacher, i), x, _key_mask(mask), use)
+            if resume is None:
+                io = hf_attention_io(teacher, ids, mask, chosen)
+                students = hf_student_layers(model, chosen)
+                for i, layer, (x, _, rope) in zip(chosen, students, io):
+                    use = rope if type(layer).capabilities.rope else None
+                    report["init"][i] = init_from_teacher(layer, hf_teacher_layer(teacher, i), x, _key_mask(mask), use)
         if steps:
+            state, opt, names = _stage1_state(model, chosen, lr, resume, report)
+            for _ in range(state.step):  # the updates done before: their batches
+                next(it)
+
+            def checkpoint(st: TransferState, optimiser: torch.optim.Optimizer) -> None:
+                if on_checkpoint is not None and st.step % log_every == 0 and st.step < steps:
+                    params = {n: p.detach().clone() for n, p in model.named_parameters() if n in names}
+                    on_checkpoint({"params": params, "optimizer": optimiser.state_dict(), "step": st.step,
+                                   "history": st.history, "init": report["init"], "rng": _rng_state()})  # fmt: skip
+
             state = attention_transfer(
                 teacher,
                 model,
                 chosen,
                 _as_key_masks(it),
                 steps,
-                lr=lr,
+                optimizer=opt,
+                state=state,
                 log_every=log_every,
                 on_log=on_log,
+                on_step=checkpoint,
                 io_fn=_io_with_hf_mask,
                 layers_fn=hf_student_layers,
             )
             report["history"] = state.history
     return model, report
+
+
+def _stage1_state(
+    model: nn.Module, chosen: Sequence[int], lr: float, resume: dict[str, Any] | None, report: dict[str, Any]
+) -> tuple[TransferState, torch.optim.Optimizer, set[str]]:
+    """Stage 1's optimiser over the students' new parameters (their names returned), fresh or as ``resume`` left
+    it; a resumed stage 1 also takes back its parameters, progress, initialisation figures and random state."""
+    params = [p for layer in hf_student_layers(model, chosen) for p in new_parameters(layer)]
+    ids = {id(p) for p in params}
+    names = {n for n, p in model.named_parameters() if id(p) in ids}
+    opt = torch.optim.Adam(params, lr=lr)
+    if resume is None:
+        return TransferState(), opt, names
+    if set(resume["params"]) != names:
+        raise ValueError("resume: its parameters are not this conversion's (another student, layer set or model)")
+    model.load_state_dict(resume["params"], strict=False)
+    opt.load_state_dict(resume["optimizer"])
+    report["init"] = resume["init"]
+    torch.set_rng_state(resume["rng"]["cpu"])
+    if resume["rng"].get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(resume["rng"]["cuda"])
+    return TransferState(resume["step"], resume["history"]), opt, names
+
+
+def _rng_state() -> dict[str, Any]:
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return {"cpu": torch.get_rng_state(), "cuda": cuda}
 
 
 def _as_key_masks(batches: Iterable[tuple[Tensor, Tensor | None]]) -> Iterable[tuple[Tensor, Tensor | None]]:

@@ -25,6 +25,7 @@ Written here rather than in :mod:`primaldual.convert`: this is the command's run
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -42,7 +43,7 @@ from ...options import check_int, check_number
 from ...train.lock import LOCK_NAME, RunLock
 from ...train.rundir import MARK
 from ...utils.errors import ConfigError
-from ...utils.io import atomic_write_json, atomic_write_text
+from ...utils.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 __all__ = ["HFData", "convert_hf_run", "is_hf_teacher", "load_hf_teacher", "perplexity", "token_stream", "windows"]
 
@@ -285,7 +286,11 @@ def _check_dir(run_dir: Path, record: str, fresh: bool) -> None:
             "Pass a new or empty --run-dir"
         )
     saved = run_dir / "convert.yaml"
-    progress = [n for n in ("convert/stage1.json", "checkpoints", "model", "summary.json") if (run_dir / n).exists()]
+    progress = [
+        n
+        for n in ("convert/stage1.partial.pt", "convert/stage1.json", "checkpoints", "model", "summary.json")
+        if (run_dir / n).exists()
+    ]
     if saved.is_file() and saved.read_text() != record and progress:  # without progress, the new record replaces it
         raise ConfigError(f"{run_dir} holds another conversion ({saved}); pass another --run-dir")
 
@@ -410,9 +415,20 @@ def _run(source, source_id, conv, data, record, run_dir, seed, say) -> dict[str,
             def log(row: dict[str, float]) -> None:
                 say(f"stage 1 step {int(row['step'])}/{steps1}: loss {row['loss']:.4f}")
 
+            partial = run_dir / "convert" / "stage1.partial.pt"  # every tenth of stage 1: a kill continues there
+            resume = torch.load(partial, map_location="cpu", weights_only=True) if partial.is_file() else None
+            if resume is not None:
+                say(f"stage 1: resuming at step {resume['step']}/{steps1}")
+
+            def keep(state: dict[str, Any]) -> None:
+                data = io.BytesIO()
+                torch.save(state, data)
+                (run_dir / "convert").mkdir(exist_ok=True)
+                atomic_write_bytes(partial, data.getvalue())
+
             model, report = convert_hf(teacher, conv.student, conv.layers, batches=feed(), steps=steps1,
                                        init=conv.init, lr=conv.stage1.lr, log_every=max(1, steps1 // 10), on_log=log,
-                                       **conv.options)  # fmt: skip
+                                       resume=resume, on_checkpoint=keep, **conv.options)  # fmt: skip
             after = perplexity(model, test, data.context, data.eval_windows)["ppl"]
             say(f"stage 1: {steps1} updates; test ppl {after:.2f}")
             (run_dir / "convert").mkdir(exist_ok=True)
@@ -420,6 +436,7 @@ def _run(source, source_id, conv, data, record, run_dir, seed, say) -> dict[str,
             info = {"layers": report["layers"], "init": report["init"], "history": report["history"],
                     "steps": steps1, "teacher_ppl": teacher_ppl, "ppl_after_stage1": after}  # fmt: skip
             atomic_write_json(info_path, info)
+            partial.unlink(missing_ok=True)  # its own file: convert/stage1/ holds the result now
         summary = _stage2(model, teacher, tokenizer, conv, data, info, train, test, run_dir, seed, say)
     return summary
 

@@ -187,3 +187,48 @@ def test_a_missing_teacher_or_tokenizer_is_one_line_and_writes_nothing(teacher, 
     tiny("llama").save_pretrained(tmp_path / "notok")
     assert main(["convert", str(tmp_path / "notok"), "-c", conf, "--run-dir", str(tmp_path / "r")]) == 2
     assert "no tokenizer could be read" in capsys.readouterr().err and not (tmp_path / "r").exists()
+
+
+def test_a_stage_1_killed_mid_way_continues_to_the_uninterrupted_result(teacher, tmp_path, capsys, monkeypatch):
+    """Every tenth of stage 1 writes ``convert/stage1.partial.pt`` (the new parameters, Adam, progress, random
+    state); a conversion stopped after update 4 of 10 continues there, to the same stage-1 model and history."""
+    from safetensors.torch import load_file
+
+    import primaldual.convert.hf as hf_conv
+
+    def argv(run):
+        return ["convert", str(teacher / "teacher"), "-c", str(teacher / "conv.yaml"), "--run-dir", str(run),
+                "--stage1.tokens", "320", "--stage2.tokens", "32"]  # fmt: skip
+
+    assert main(argv(tmp_path / "straight")) == 0
+
+    class Killed(Exception):
+        pass
+
+    real, starts = hf_conv.attention_transfer, []
+
+    def stopping(*a, on_step=None, **kw):
+        def step(state, opt):
+            on_step(state, opt)
+            if state.step == 4:
+                raise Killed
+
+        return real(*a, on_step=step, **kw)
+
+    def recording(*a, state=None, **kw):
+        starts.append(state.step)
+        return real(*a, state=state, **kw)
+
+    killed = tmp_path / "killed"
+    monkeypatch.setattr(hf_conv, "attention_transfer", stopping)
+    assert main(argv(killed)) == 1  # the command reports the "crash" as unexpected
+    capsys.readouterr()
+    assert torch.load(killed / "convert" / "stage1.partial.pt", weights_only=True)["step"] == 4
+    monkeypatch.setattr(hf_conv, "attention_transfer", recording)
+    assert main(argv(killed)) == 0 and starts == [4]  # continued, not restarted
+    assert "stage 1: resuming at step 4/10" in capsys.readouterr().out
+    a, b = (json.loads((d / "convert" / "stage1.json").read_text()) for d in (tmp_path / "straight", killed))
+    assert a == b
+    wa, wb = (load_file(d / "convert" / "stage1" / "model.safetensors") for d in (tmp_path / "straight", killed))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert not (killed / "convert" / "stage1.partial.pt").exists()
