@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from .helpers import fit_cmd, run
+from .helpers import fit_cmd, run, run_here
 
 
 @pytest.mark.slow
@@ -17,7 +17,7 @@ def test_ddp_two_processes_match_single_process(tmp_path, tiny_config):
     # No dropout, so the only difference is floating-point summation order in the gradient all-reduce.
     cfg = tiny_config(**{"trainer.max_epochs": 2, "model.dropout": 0.0})
     single, ddp = tmp_path / "single", tmp_path / "ddp"
-    run(fit_cmd(cfg, single, "--threads", "1", "--data.batch_size", "16"))
+    run_here(fit_cmd(cfg, single, "--threads", "1", "--data.batch_size", "16"))
     out = run(
         fit_cmd(
             cfg,
