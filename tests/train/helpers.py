@@ -114,3 +114,26 @@ def tiny_vision(root: Path, name: str = "tiny_vit", **changes) -> dict:
             node = node[p]
         node[last] = value
     return cfg
+
+
+class Stage1Killed(Exception):
+    """Raised by :func:`stage1_stopper`'s wrapper: a conversion's stage 1 "killed" after an update."""
+
+
+def stage1_stopper(real, at: int, starts: list[int]):
+    """Wrappers of ``attention_transfer`` (``real``): the first raises :class:`Stage1Killed` once update ``at`` and its
+    checkpoint are done; the second records the step each call starts at into ``starts``."""
+
+    def stopping(*a, on_step=None, **kw):
+        def step(state, opt):
+            on_step(state, opt)
+            if state.step == at:
+                raise Stage1Killed
+
+        return real(*a, on_step=step, **kw)
+
+    def recording(*a, state=None, **kw):
+        starts.append(state.step)
+        return real(*a, state=state, **kw)
+
+    return stopping, recording

@@ -14,7 +14,7 @@ from primaldual.tasks.lm.convert import load_convert_config
 from primaldual.train.checkpoints import load_checkpoint
 from primaldual.train.rundir import run_config
 
-from .helpers import fit_cmd, run_here
+from .helpers import Stage1Killed, fit_cmd, run_here, stage1_stopper
 from .test_lm import _lm_config, english_dir  # noqa: F401  (the tiny corpus fixture)
 
 
@@ -225,31 +225,14 @@ def test_a_stage_1_killed_mid_way_continues_to_the_uninterrupted_result(tmp_path
     args = ("lm/english/convert/primal_plus",)
     convert_run(teacher_run, *args, overrides=overrides, run_dir=tmp_path / "straight", verbose=False)
 
-    class Killed(Exception):
-        pass
-
-    real = conv_pkg.attention_transfer
-
-    def stopping(*a, on_step=None, **kw):
-        def step(state, opt):
-            on_step(state, opt)
-            if state.step == 4:
-                raise Killed
-
-        return real(*a, on_step=step, **kw)
-
+    starts: list[int] = []
+    stopping, recording = stage1_stopper(conv_pkg.attention_transfer, 4, starts)
     monkeypatch.setattr(conv_pkg, "attention_transfer", stopping)
     killed = tmp_path / "killed"
-    with pytest.raises(Killed):
+    with pytest.raises(Stage1Killed):
         convert_run(teacher_run, *args, overrides=overrides, run_dir=killed, verbose=False)
     assert torch.load(killed / "convert" / "stage1.partial.pt", weights_only=True)["step"] == 4
     assert not (killed / "convert" / "stage1.pt").exists()
-    starts = []
-
-    def recording(*a, state=None, **kw):
-        starts.append(state.step)
-        return real(*a, state=state, **kw)
-
     monkeypatch.setattr(conv_pkg, "attention_transfer", recording)
     convert_run(teacher_run, *args, overrides=overrides, run_dir=killed, verbose=False)
     assert starts == [4]  # continued, not restarted

@@ -196,28 +196,16 @@ def test_a_stage_1_killed_mid_way_continues_to_the_uninterrupted_result(teacher,
 
     import primaldual.convert.hf as hf_conv
 
+    from ...train.helpers import stage1_stopper
+
     def argv(run):
         return ["convert", str(teacher / "teacher"), "-c", str(teacher / "conv.yaml"), "--run-dir", str(run),
                 "--stage1.tokens", "320", "--stage2.tokens", "32"]  # fmt: skip
 
     assert main(argv(tmp_path / "straight")) == 0
 
-    class Killed(Exception):
-        pass
-
-    real, starts = hf_conv.attention_transfer, []
-
-    def stopping(*a, on_step=None, **kw):
-        def step(state, opt):
-            on_step(state, opt)
-            if state.step == 4:
-                raise Killed
-
-        return real(*a, on_step=step, **kw)
-
-    def recording(*a, state=None, **kw):
-        starts.append(state.step)
-        return real(*a, state=state, **kw)
+    starts: list[int] = []
+    stopping, recording = stage1_stopper(hf_conv.attention_transfer, 4, starts)
 
     killed = tmp_path / "killed"
     monkeypatch.setattr(hf_conv, "attention_transfer", stopping)
