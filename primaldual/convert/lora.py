@@ -5,7 +5,10 @@ projection weights of the chosen attention layers and (b) the parameters each st
 (:func:`~primaldual.convert.students.new_parameters`: the primal layer's ``W_e``, ``W_r``, ``Lambda`` and output map,
 the hybrid's branch and gate). ``B`` starts at zero, so the adapted model computes what it did before.
 :func:`merge_lora` folds the updates into the weights, leaving a model with its original parameter names (to save,
-export or decode without this module).
+export or decode without this module). For checkpoints written while adapters train (``primaldual convert``'s stage
+2 of a ``CausalLM`` run), :func:`fold_lora` stores each adapted weight merged under its original name, with the
+adapter's own tensors beside the state dict, and :func:`unfold_lora` puts them back before a resume loads them: a
+reader that knows nothing of adapters (``generate``, ``test``, ``analyze``) loads such a checkpoint as a plain model.
 
 Written by hand on :mod:`torch.nn.utils.parametrize`, not with ``peft``: peft wraps each ``nn.Linear`` in a module
 whose forward adds the update, but the primal layer reads its projection weights directly (the fused score path, the
@@ -26,7 +29,16 @@ from ..attention.base import AttentionLayer
 from ..options import check_int, check_number
 from .students import new_parameters
 
-__all__ = ["LORA_TARGETS", "LoRAUpdate", "add_lora", "lora_parameters", "merge_lora"]
+__all__ = [
+    "LORA_TARGETS",
+    "LoRAUpdate",
+    "add_lora",
+    "fold_lora",
+    "has_lora",
+    "lora_parameters",
+    "merge_lora",
+    "unfold_lora",
+]
 
 #: projection modules of the attention layers that get an adapter: fused q/k/v (softmax, hybrid), the primal layer's
 #: fused q/k, and the output projection
@@ -128,3 +140,41 @@ def merge_lora(model: nn.Module) -> nn.Module:
         ):
             parametrize.remove_parametrizations(m, "weight", leave_parametrized=True)
     return model
+
+
+def _adapted(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(module path, module)`` of every module of ``model`` whose weight carries an adapter."""
+    return [
+        (path, m)
+        for path, m in model.named_modules()
+        if parametrize.is_parametrized(m, "weight")
+        and any(isinstance(p, LoRAUpdate) for p in m.parametrizations["weight"])
+    ]
+
+
+def has_lora(model: nn.Module) -> bool:
+    """Whether any weight of ``model`` carries an adapter."""
+    return bool(_adapted(model))
+
+
+@torch.no_grad()
+def fold_lora(model: nn.Module, state: dict[str, Tensor]) -> dict[str, dict[str, Tensor]]:
+    """In ``state`` (``model.state_dict()``, changed in place): each adapted weight's entries
+    (``<path>.parametrizations.weight.*``) replaced by the merged weight ``W + alpha / r B A`` under ``<path>.weight``.
+    Returns the removed entries per module path (what :func:`unfold_lora` needs); ``{}`` for a model without
+    adapters."""
+    folded: dict[str, dict[str, Tensor]] = {}
+    for path, m in _adapted(model):
+        pre = f"{path}.parametrizations.weight."
+        folded[path] = {k[len(pre) :]: state.pop(k) for k in [k for k in state if k.startswith(pre)]}
+        state[f"{path}.weight"] = m.weight.detach().clone()  # the parametrization's value: the merged weight
+    return folded
+
+
+def unfold_lora(state: dict[str, Tensor], folded: dict[str, dict[str, Tensor]]) -> None:
+    """Undo :func:`fold_lora` on ``state`` (in place): the adapter entries back, the merged weights out."""
+    if not isinstance(folded, dict):
+        raise ValueError(f"lora entries: expected a mapping of module path -> tensors, got {type(folded).__name__}")
+    for path, entries in folded.items():
+        state.pop(f"{path}.weight", None)
+        state.update({f"{path}.parametrizations.weight.{k}": v for k, v in entries.items()})

@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from primaldual.convert.lora import LoRAUpdate, add_lora, lora_parameters, merge_lora
+from primaldual.convert.lora import LoRAUpdate, add_lora, fold_lora, has_lora, lora_parameters, merge_lora, unfold_lora
 from primaldual.convert.students import new_parameters
 from primaldual.models import CausalLM
 
@@ -120,3 +120,27 @@ def test_a_converted_hugging_face_llama_takes_adapters():
     model(ids, labels=ids, use_cache=False).loss.backward()
     assert all(p.grad is not None for p in lora_parameters(model))
     assert sum(p.numel() for p in trainable) < 0.2 * sum(p.numel() for p in model.parameters())
+
+
+def test_a_folded_state_loads_as_a_plain_model_and_unfolds_to_the_adapted_one():
+    model = _model()
+    add_lora(model, r=2, alpha=4.0)
+    with torch.no_grad():  # a trained adapter: B away from zero
+        for m in model.modules():
+            if isinstance(m, LoRAUpdate):
+                m.lora_b.normal_()
+    ids = _ids()
+    state = model.state_dict()
+    folded = fold_lora(model, state)
+    assert folded and has_lora(model) and not any("parametrizations" in k for k in state)
+    plain = _model()
+    plain.load_state_dict(state)  # strict: a reader that knows no adapters
+    torch.testing.assert_close(plain(ids), model(ids))
+    unfold_lora(state, folded)
+    again = _model()
+    add_lora(again, r=2, alpha=4.0)
+    again.load_state_dict(state)  # strict: the adapters back in their places
+    torch.testing.assert_close(again(ids), model(ids))
+    assert fold_lora(_model(), _model().state_dict()) == {} and not has_lora(_model())
+    with pytest.raises(ValueError, match="lora entries"):
+        unfold_lora(state, ["not", "a", "mapping"])

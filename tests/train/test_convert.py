@@ -127,6 +127,31 @@ def test_convert_writes_a_run_directory_that_resumes_generates_and_loads(tmp_pat
     assert "holds another conversion" in msg and (out / "summary.json").read_text() == before
 
 
+def test_stage_two_with_adapters_trains_only_the_converted_layer_and_saves_a_plain_model(tmp_path, teacher_run):
+    out = tmp_path / "lora"
+    cmd = _convert_cmd(teacher_run, out, *_tiny("primal"), "--stage2.lora", "2")
+    res = run_here(cmd)
+    assert "converted: test ppl" in res.stdout
+    n = run_config(out).model.depth
+    teacher = load_checkpoint(teacher_run / "checkpoints" / "best.ckpt")["state_dict"]
+    stage1 = torch.load(out / "convert" / "stage1.pt", weights_only=True)
+    ckpt = load_checkpoint(out / "checkpoints" / "best.ckpt")
+    state = ckpt["state_dict"]
+    assert not any("parametrizations" in k or "lora" in k for k in state)  # merged: a plain CausalLM's names
+    assert sorted(ckpt["lora"]) == [f"model.decoder.blocks.{n - 1}.attn.{p}" for p in ("proj", "qk")]
+    last = f"model.decoder.blocks.{n - 1}.attn."
+    for key, value in state.items():
+        if key.startswith(last) and key.endswith(("qk.weight", "proj.weight", "w_e")):
+            assert not torch.equal(value, stage1[key.removeprefix("model.")]), key  # adapter or new parameter trained
+        elif key in teacher and not key.startswith(last):
+            assert torch.equal(value, teacher[key]), key  # everything else frozen at the teacher's
+    # the finished run started again resumes from its last checkpoint (adapters unfolded) and reports the same
+    ppl = json.loads((out / "summary.json").read_text())["test_ppl"]
+    again = run_here(cmd)
+    assert "stage 1" not in again.stdout and "converted: test ppl" in again.stdout
+    assert json.loads((out / "summary.json").read_text())["test_ppl"] == pytest.approx(ppl, rel=1e-6)
+
+
 def test_window_student_swaps_without_stage_1(tmp_path, teacher_run):
     out = tmp_path / "win"
     res = run_here(

@@ -73,9 +73,10 @@ class Stage1:
 @dataclass
 class Stage2:
     """End-to-end LM training of the converted model: ``tokens``, AdamW at ``lr``, the schedule, and ``kl``: the weight
-    of ``KL(teacher || model)`` over the target tokens added to the loss (0: the LM loss alone). ``lora``: for a
-    Hugging Face teacher, the rank of adapters on the converted layers' projections (0: those layers' attention
-    parameters train in full)."""
+    of ``KL(teacher || model)`` over the target tokens added to the loss (0: the LM loss alone). ``lora``: the rank
+    of adapters on the converted layers' projections (alpha 2r), with every other teacher weight frozen and the
+    students' new parameters trained in full (0: the whole model trains, as without adapters). A ``CausalLM`` run's
+    checkpoints store the adapted weights merged (:func:`~primaldual.convert.lora.fold_lora`)."""
 
     tokens: int = 819_200
     lr: float = 2e-4
@@ -381,11 +382,6 @@ def convert_run(
             f"{config}: data: only a Hugging Face teacher takes a data section; a primaldual run is converted on "
             "its own data (its config.yaml's)"
         )
-    if conv.stage2.lora:
-        raise ConfigError(
-            f"{config}: stage2.lora: only a Hugging Face teacher's stage 2 takes adapters; a primaldual run's stage 2 "
-            "trains the whole model (set it to 0)"
-        )
     check_int("--seed", seed, low=0)
     tcfg, dm, tmodule, tsummary = load_teacher(teacher_dir)
     teacher = tmodule.model.eval()
@@ -410,6 +406,15 @@ def convert_run(
             _stage1(conv, teacher, module.model, dm, cfg, rd, verbose)
         if conv.stage2.kl > 0:
             module.distill_from(teacher, conv.stage2.kl)
+        if conv.stage2.lora:  # after stage 1 (whose weights are plain); on a resume, before the checkpoint loads
+            from ...convert import add_lora, find_blocks
+            from ...integrations.torch_nn import resolve_layer_indices
+
+            blocks = find_blocks(module.model)
+            chosen = resolve_layer_indices(conv.layers, len(blocks))
+            add_lora(
+                module.model, r=conv.stage2.lora, alpha=2.0 * conv.stage2.lora, layers=[blocks[i].attn for i in chosen]
+            )
 
     summary = fit(cfg, run_dir, fresh=fresh, verbose=verbose, before_training=before_training)
     stage1 = json.loads((run_dir / "convert" / "stage1.json").read_text())

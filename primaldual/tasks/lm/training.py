@@ -241,6 +241,20 @@ class LanguageModelModule(ClassificationModule):
         if distill is not None:
             distill[0].to(self.device)
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # adapters (a conversion's stage 2 with stage2.lora): the weights merged under their own names, so every
+        # reader loads the checkpoint as a plain CausalLM; the adapters themselves travel beside the state dict
+        from ...convert.lora import fold_lora
+
+        if folded := fold_lora(self, checkpoint["state_dict"]):
+            checkpoint["lora"] = folded
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        from ...convert.lora import has_lora, unfold_lora
+
+        if "lora" in checkpoint and has_lora(self):  # a resume of an adapted run: the adapters back in place
+            unfold_lora(checkpoint["state_dict"], checkpoint["lora"])
+
     def training_loss(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> tuple[Tensor, Tensor, Tensor | None, None]:
         """``(loss, task loss, aux loss or None, None)`` of one training batch (no accuracy for a language model): the
         training step without logging (``primaldual bench steps`` times it)."""

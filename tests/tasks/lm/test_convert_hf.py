@@ -138,8 +138,6 @@ def test_a_foreign_directory_and_a_run_teacher_with_data_are_refused(teacher, tm
     (fake_run / "config.yaml").write_text("task: lm\n")
     assert main(["convert", str(fake_run), "-c", str(teacher / "conv.yaml")]) == 2
     assert "only a Hugging Face teacher takes a data section" in capsys.readouterr().err
-    assert main(["convert", str(fake_run), "-c", "lm/english/convert/primal_plus", "--stage2.lora", "4"]) == 2
-    assert "stage2.lora: only a Hugging Face teacher's stage 2 takes adapters" in capsys.readouterr().err
 
 
 def test_stage_two_with_adapters_saves_a_merged_model(teacher, tmp_path, capsys):
