@@ -194,8 +194,10 @@ def _fit(
         _compile(module, task.example_inputs(dm), trainer, note if trainer.is_global_zero else (lambda msg: None))
     if verbose and trainer.is_global_zero:
         n = sum(p.numel() for p in module.parameters())
+        trained = sum(p.numel() for p in module.parameters() if p.requires_grad)
+        size = f"{n / 1e6:.2f}M parameters" + (f" ({trained / 1e6:.3f}M trained)" if trained != n else "")
         print(
-            f"{cfg.name}: {cfg.model.attention} attention, {n / 1e6:.2f}M parameters, {task.describe_data(cfg, dm)}, "
+            f"{cfg.name}: {cfg.model.attention} attention, {size}, {task.describe_data(cfg, dm)}, "
             f"{protocol.label}\nrun directory: {run_dir}" + (f"\nresuming from {resume}" if resume else ""),
             flush=True,
         )

@@ -131,7 +131,7 @@ def test_stage_two_with_adapters_trains_only_the_converted_layer_and_saves_a_pla
     out = tmp_path / "lora"
     cmd = _convert_cmd(teacher_run, out, *_tiny("primal"), "--stage2.lora", "2")
     res = run_here(cmd)
-    assert "converted: test ppl" in res.stdout
+    assert "converted: test ppl" in res.stdout and "M trained)" in res.stdout  # the frozen teacher is not counted
     n = run_config(out).model.depth
     teacher = load_checkpoint(teacher_run / "checkpoints" / "best.ckpt")["state_dict"]
     stage1 = torch.load(out / "convert" / "stage1.pt", weights_only=True)
