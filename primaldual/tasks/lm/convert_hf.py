@@ -401,7 +401,12 @@ def _run(source, source_id, conv, data, record, run_dir, seed, say) -> dict[str,
             model = _load_converted(run_dir / "convert" / "stage1").to(device)
             say(f"stage 1: done earlier (ppl after it {info['ppl_after_stage1']:.2f})")
         else:
-            teacher_ppl = perplexity(teacher, test, data.context, data.eval_windows)["ppl"]
+            partial = run_dir / "convert" / "stage1.partial.pt"  # every tenth of stage 1: a kill continues there
+            resume = torch.load(partial, map_location="cpu", weights_only=True) if partial.is_file() else None
+            if resume is not None and "teacher_ppl" in resume:  # measured before the kill: deterministic, kept
+                teacher_ppl = float(resume["teacher_ppl"])
+            else:
+                teacher_ppl = perplexity(teacher, test, data.context, data.eval_windows)["ppl"]
             say(f"teacher: test ppl {teacher_ppl:.2f}")
             steps1 = _steps(conv.stage1.tokens, data) if conv.student != "window" else 0
             batch = windows(train, data.batch_size, data.context, seed, device)
@@ -415,14 +420,12 @@ def _run(source, source_id, conv, data, record, run_dir, seed, say) -> dict[str,
             def log(row: dict[str, float]) -> None:
                 say(f"stage 1 step {int(row['step'])}/{steps1}: loss {row['loss']:.4f}")
 
-            partial = run_dir / "convert" / "stage1.partial.pt"  # every tenth of stage 1: a kill continues there
-            resume = torch.load(partial, map_location="cpu", weights_only=True) if partial.is_file() else None
             if resume is not None:
                 say(f"stage 1: resuming at step {resume['step']}/{steps1}")
 
             def keep(state: dict[str, Any]) -> None:
                 data = io.BytesIO()
-                torch.save(state, data)
+                torch.save({**state, "teacher_ppl": teacher_ppl}, data)
                 (run_dir / "convert").mkdir(exist_ok=True)
                 atomic_write_bytes(partial, data.getvalue())
 

@@ -211,7 +211,13 @@ def test_a_stage_1_killed_mid_way_continues_to_the_uninterrupted_result(teacher,
     capsys.readouterr()
     assert torch.load(killed / "convert" / "stage1.partial.pt", weights_only=True)["step"] == 4
     monkeypatch.setattr(hf_conv, "attention_transfer", recording)
+    import primaldual.tasks.lm.convert_hf as task_conv
+
+    measured: list[object] = []
+    real = task_conv.perplexity
+    monkeypatch.setattr(task_conv, "perplexity", lambda model, *a, **k: measured.append(model) or real(model, *a, **k))
     assert main(argv(killed)) == 0 and starts == [4]  # continued, not restarted
+    assert len(measured) == 2  # after stage 1 and at the end: the teacher's, measured before the kill, is kept
     assert "stage 1: resuming at step 4/10" in capsys.readouterr().out
     a, b = (json.loads((d / "convert" / "stage1.json").read_text()) for d in (tmp_path / "straight", killed))
     assert a == b
