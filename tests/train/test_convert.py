@@ -139,6 +139,12 @@ def test_stage_two_with_adapters_trains_only_the_converted_layer_and_saves_a_pla
     state = ckpt["state_dict"]
     assert not any("parametrizations" in k or "lora" in k for k in state)  # merged: a plain CausalLM's names
     assert sorted(ckpt["lora"]) == [f"model.decoder.blocks.{n - 1}.attn.{p}" for p in ("proj", "qk")]
+    from primaldual.tasks.base import get_task
+
+    cfg, task = run_config(out), get_task("lm")
+    dm = task.datamodule(cfg)
+    dm.setup("fit")
+    task.module(cfg, dm).load_state_dict(state)  # strict, into the model config.yaml builds (generate, test, analyze)
     last = f"model.decoder.blocks.{n - 1}.attn."
     for key, value in state.items():
         if key.startswith(last) and key.endswith(("qk.weight", "proj.weight", "w_e")):
