@@ -132,7 +132,8 @@ def test_stage_two_with_adapters_trains_only_the_converted_layer_and_saves_a_pla
     cmd = _convert_cmd(teacher_run, out, *_tiny("primal"), "--stage2.lora", "2")
     res = run_here(cmd)
     assert "converted: test ppl" in res.stdout and "M trained)" in res.stdout  # the frozen teacher is not counted
-    n = run_config(out).model.depth
+    cfg = run_config(out)
+    n = cfg.model.depth
     teacher = load_checkpoint(teacher_run / "checkpoints" / "best.ckpt")["state_dict"]
     stage1 = torch.load(out / "convert" / "stage1.pt", weights_only=True)
     ckpt = load_checkpoint(out / "checkpoints" / "best.ckpt")
@@ -141,7 +142,7 @@ def test_stage_two_with_adapters_trains_only_the_converted_layer_and_saves_a_pla
     assert sorted(ckpt["lora"]) == [f"model.decoder.blocks.{n - 1}.attn.{p}" for p in ("proj", "qk")]
     from primaldual.tasks.base import get_task
 
-    cfg, task = run_config(out), get_task("lm")
+    task = get_task("lm")
     dm = task.datamodule(cfg)
     dm.setup("fit")
     task.module(cfg, dm).load_state_dict(state)  # strict, into the model config.yaml builds (generate, test, analyze)
