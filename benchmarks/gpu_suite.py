@@ -58,6 +58,7 @@ GPU_TEST_FILES = (
     "tests/data/test_augment.py",
     "tests/functional/test_scan.py",
     "tests/bench/test_decode.py",
+    "tests/models/test_graphed.py",
 )
 # run whole: on a GPU every case of these runs natively (on a CPU, in Triton's interpreter)
 KERNEL_TEST_FILES = ("tests/kernels/test_primal_scores.py",)

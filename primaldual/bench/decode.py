@@ -27,7 +27,7 @@ from typing import Any
 from ..utils.io import atomic_write_json, atomic_write_text
 from .layers import PeakMemory, machine_info, run_case, run_worker
 
-__all__ = ["decode_table", "filled_state", "graphed_step", "parse_ints", "run_decode", "state_tensors"]
+__all__ = ["decode_table", "filled_state", "parse_ints", "run_decode"]
 
 DEFAULT_CONTEXTS = (1024, 4096, 16384, 65536)
 
@@ -76,55 +76,10 @@ def _state_bytes(state: Any) -> int:
     return total
 
 
-def state_tensors(state: Any) -> list[Any]:
-    """The tensors of an :class:`~primaldual.models.lm.LMState`, in a fixed order: the per-sequence count, then each
-    layer's."""
-    import torch
-
-    return [state.count] + [t for layer in state.layers for t in layer if isinstance(t, torch.Tensor)]
-
-
-def graphed_step(model: Any, ids: Any, state: Any) -> Any:
-    """One greedy decoding step captured in a CUDA graph: returns ``replay() -> logits``.
-
-    ``state`` is updated in place on every replay and ``ids`` (``(B,)``, static) becomes the argmax of the logits, so
-    the graph is the whole step with no value leaving the device (:meth:`~primaldual.models.CausalLM.unchecked_step`).
-    Only a state whose tensors keep their shapes can be captured: a KV cache grows, and gets a ValueError."""
-    import torch
-
-    real = torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device)
-    dst = state_tensors(state)
-
-    def step() -> Any:
-        logits, new = model.unchecked_step(ids, state, real)
-        src = state_tensors(new)
-        if [t.shape for t in src] != [t.shape for t in dst]:
-            raise ValueError("the decoding state changes shape from step to step (a KV cache): no CUDA graph")
-        for d, n in zip(dst, src, strict=True):
-            d.copy_(n)
-        ids.copy_(logits.argmax(-1))
-        return logits
-
-    side = torch.cuda.Stream()  # capture wants its warm-up on a side stream (the caching allocator's pools)
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        logits = step()
-
-    def replay() -> Any:
-        graph.replay()
-        return logits
-
-    return replay
-
-
 def _worker(case: dict[str, Any]) -> dict[str, Any]:
     import torch
 
+    from ..models.graphed import GraphedStep
     from ..models.lm import CausalLM
 
     if case["threads"] > 0:
@@ -135,7 +90,7 @@ def _worker(case: dict[str, Any]) -> dict[str, Any]:
     model = (
         CausalLM(
             case["vocab"],
-            T + case["warmup"] + steps + 3,  # positions from T on are decoded (3 more: a graph's warm-up)
+            T + case["warmup"] + steps,  # positions from T on are decoded
             dim=case["dim"],
             depth=case["depth"],
             num_heads=case["heads"],
@@ -159,7 +114,8 @@ def _worker(case: dict[str, Any]) -> dict[str, Any]:
     with torch.no_grad():
         state = filled_state(model, B, T)
         ids = torch.zeros(B, dtype=torch.long, device=device)
-        replay = graphed_step(model, ids, state) if graph else None
+        # greedy, with the argmax inside the graph: the loop replays it with no work on the host between tokens
+        replay = GraphedStep(model, state, feed_back=True, warmup=3) if graph else None
         for i in range(case["warmup"] + steps):
             sync()
             t0 = time.perf_counter()

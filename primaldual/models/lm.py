@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from ..encoder import Encoder
 from ..options import check_bool, check_choice, check_int, check_number
+from .graphed import GraphedStep, check_graphable
 from .init import INITS, gpt2_init_
 
 __all__ = ["GREEDY_BELOW", "CausalLM", "LMState", "sinusoidal_table"]
@@ -199,6 +200,7 @@ class CausalLM(nn.Module):
         top_k: int | None = None,
         eos_id: int | None = None,
         seed: int | None = None,
+        cuda_graph: bool = False,
     ) -> tuple[Tensor, Tensor]:
         """Continue each prompt by up to ``max_new_tokens`` tokens (eval mode, no gradients).
 
@@ -210,6 +212,10 @@ class CausalLM(nn.Module):
             top_k: sample among the ``top_k`` most likely tokens only.
             eos_id: a sequence that produced it stops (later positions are padding, mask False, id ``eos_id``).
             seed: seeds a private generator (sampling does not touch the global RNG).
+            cuda_graph: replay each decoding step from a CUDA graph (:class:`~primaldual.models.graphed.GraphedStep`,
+                captured once after the prompt): one launch per token instead of tens per layer, the same tokens.
+                Needs a CUDA device and a constant-size state in every layer (primal, linear); otherwise a
+                ValueError.
 
         Returns:
             ``(ids, mask)`` of shape ``(B, N + max_new_tokens)``, prompts left-padded.
@@ -220,6 +226,9 @@ class CausalLM(nn.Module):
         check_int("top_k", top_k, low=1, allow_none=True)
         check_int("eos_id", eos_id, low=0, high=self.vocab_size - 1, allow_none=True)
         check_int("seed", seed, low=0, high=2**64 - 1, allow_none=True)  # what torch.Generator takes
+        check_bool("cuda_graph", cuda_graph)
+        if cuda_graph:
+            check_graphable(self, ids.device)
         B, N = ids.shape
         mask = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask
         if mask.dtype != torch.bool or mask.shape != ids.shape:
@@ -240,6 +249,8 @@ class CausalLM(nn.Module):
         self.eval()
         try:
             logits, state = self.prefill(ids, mask, last_only=True)  # (B, V): the prompts in one forward
+            # the last token's step is never sampled from: a single new token needs no graph
+            graphed = GraphedStep(self, state) if cuda_graph and max_new_tokens > 1 else None
             out_ids, out_mask = [ids], [mask]
             alive = torch.ones(B, dtype=torch.bool, device=ids.device)
             for _ in range(max_new_tokens):
@@ -248,7 +259,10 @@ class CausalLM(nn.Module):
                     nxt = torch.where(alive, nxt, torch.full_like(nxt, eos_id))
                 out_ids.append(nxt[:, None])
                 out_mask.append(alive[:, None].clone())
-                logits, state = self.step(nxt, state, alive)
+                if graphed is not None:
+                    logits = graphed(nxt, alive)  # the graph's buffer: read by _sample before the next replay
+                else:
+                    logits, state = self.step(nxt, state, alive)
                 if eos_id is not None:
                     alive = alive & (nxt != eos_id)
         finally:

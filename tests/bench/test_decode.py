@@ -47,7 +47,7 @@ def test_bench_decode_refuses_non_causal(capsys):
 def test_unchecked_step_reads_no_value_and_equals_step(attention):
     """What a CUDA graph captures: on the meta device (where reading a value raises) the step runs through, and on
     the CPU it equals the checked step; the state's tensors keep their shapes (so a graph can update them in place)."""
-    from primaldual.bench.decode import state_tensors
+    from primaldual.models.graphed import state_tensors
 
     torch.manual_seed(0)
     model = CausalLM(50, 200, dim=8, depth=2, num_heads=2, ffn_dim=16, attention=attention).eval()
@@ -74,21 +74,21 @@ def test_cuda_graph_needs_a_cuda_device(tmp_path, capsys):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("attention", ["primal", "linear"])
 def test_cuda_graph_replay_equals_eager_decoding(attention):
-    from primaldual.bench.decode import graphed_step
+    """The benchmark's graph (the argmax fed back inside it) decodes the tokens the eager loop does; its warm-up
+    advances nothing."""
+    from primaldual.models.graphed import GraphedStep
 
     torch.manual_seed(0)
     model = CausalLM(50, 200, dim=16, depth=2, num_heads=2, ffn_dim=32, attention=attention).cuda().eval()
     with torch.no_grad():
         state = filled_state(model, 2, 20)
         eager_state = type(state)([type(s)(*(t.clone() for t in s)) for s in state.layers], state.count.clone())
-        ids = torch.tensor([1, 2], device="cuda")
-        eager_ids = ids.clone()
-        for _ in range(3):  # the graph's warm-up: three steps
-            logits, eager_state = model.step(eager_ids, eager_state)
-            eager_ids = logits.argmax(-1)
-        replay = graphed_step(model, ids, state)
+        eager_ids = torch.tensor([1, 2], device="cuda")
+        graphed = GraphedStep(model, state, feed_back=True, warmup=3)
+        graphed.ids.copy_(eager_ids)
         for _ in range(4):
             logits, eager_state = model.step(eager_ids, eager_state)
             eager_ids = logits.argmax(-1)
-            got = replay()
-            assert torch.allclose(got, logits, atol=1e-5) and torch.equal(ids, eager_ids)
+            got = graphed()
+            assert torch.allclose(got, logits, atol=1e-5) and torch.equal(graphed.ids, eager_ids)
+        assert torch.equal(state.count, eager_state.count)  # the graph's state is the one passed in

@@ -177,6 +177,10 @@ def test_generate_bad_input_is_one_error_line(capsys, tmp_path, english_run):
     )
     line = _one_error_line(capsys, ["generate", run_dir, "--prompt", "the", "--max-new-tokens", "4", "--top-k", "0"])
     assert "--top-k" in line
+    line = _one_error_line(capsys, ["generate", run_dir, "--prompt", "the", "--device", "gpu:x"])
+    assert "--device: expected a torch device" in line
+    line = _one_error_line(capsys, ["generate", run_dir, "--prompt", "the", "--cuda-graph"])
+    assert "--cuda-graph: only a constant-size decoding state" in line and "0 (kv_cache)" in line  # Primal.+
 
 
 def test_missing_corpus_is_one_line_naming_the_fetch_command(capsys, tmp_path):

@@ -24,6 +24,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         seed=args.seed,
         temperature=args.temperature,
         top_k=args.top_k,
+        device=args.device,
+        cuda_graph=args.cuda_graph,
     )
     print(text)
     return 0
@@ -78,6 +80,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             'primaldual generate RUN_DIR --prompt "It is a truth universally acknowledged" --max-new-tokens 60 '
             "--temperature 0.8 --top-k 40 --seed 1",
             'primaldual generate RUN_DIR --prompt "And God said" --max-new-tokens 30 --temperature 0 --ckpt last',
+            'primaldual generate RUN_DIR --prompt "The kernel" --max-new-tokens 200 --device cuda --cuda-graph',
             note="The model comes from the run's config.yaml, the checkpoint is read in the safe mode, the prompt is "
             "encoded with the run's tokenizer (tokenizer.json, or dict.txt for WikiText); the prompt and its "
             "continuation are printed. Prompt tokens + --max-new-tokens must fit the model's positions "
@@ -92,6 +95,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0 is greedy (default 1.0)")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens (default all)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument("--device", default="cpu", help="where the model decodes: cpu, cuda, cuda:1, ... (default cpu)")
+    p.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="replay each decoding step from a CUDA graph (a CUDA device; every layer primal or linear)",
+    )
     p.set_defaults(func=_cmd_generate)
     p = subparsers.add_parser(
         "export",

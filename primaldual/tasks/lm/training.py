@@ -39,10 +39,12 @@ from torch.utils.data import Subset
 from ...aux_loss import collect_aux_loss, collect_aux_loss_parts
 from ...data.cache import MissingDataError, dataset_dir
 from ...data.lm import IGNORE_INDEX, bits_per_byte, chunk_splits, unigram_baseline
-from ...options import check_int, check_number
+from ...models.graphed import check_graphable
+from ...options import check_bool, check_int, check_number
 from ...train.config import ConfigError, OptimConfig, RunConfig, ScheduleConfig
 from ...train.datamodule import SplitDataModule
 from ...train.module import ClassificationModule, log_ksvd
+from ...utils.cli import parse_device
 from ...utils.io import atomic_write_bytes
 
 __all__ = [
@@ -467,11 +469,15 @@ def generate_text(
     seed: int | None = 0,
     temperature: float = 1.0,
     top_k: int | None = None,
+    device: str = "cpu",
+    cuda_graph: bool = False,
 ) -> str:
     """Continue ``prompt`` with the language model of a run; returns the decoded prompt and continuation.
 
     The model is rebuilt from the run's ``config.yaml``, the checkpoint (``best``, ``last`` or a path) read in the
     safe mode and checked against it, and the prompt encoded with the run's tokenizer (:class:`RunTokenizer`).
+    ``device``: where the model decodes; ``cuda_graph``: each decoding step replayed from a CUDA graph (a CUDA
+    device, and a run whose every layer keeps a constant-size state: :meth:`CausalLM.generate`).
 
     Raises:
         FileNotFoundError: no such run directory, config or checkpoint. ValueError: an empty prompt, a prompt that
@@ -483,7 +489,12 @@ def generate_text(
     check_number("--temperature", temperature, low=0.0)
     check_int("--top-k", top_k, low=1, allow_none=True)
     check_int("--seed", seed, low=0, high=2**64 - 1, allow_none=True)  # what torch.Generator takes
+    check_bool("--cuda-graph", cuda_graph)
+    where = parse_device(device)
     model, cfg, tok = load_run_lm(run_dir, ckpt, what="primaldual generate decodes")
+    if cuda_graph:
+        check_graphable(model, where, what="--cuda-graph")
+    model = model.to(where)
     ids = tok.encode(prompt)
     if not ids:
         raise ValueError(f"--prompt: {prompt!r} encodes to no tokens")
@@ -494,11 +505,12 @@ def generate_text(
             f"the model's {positions} positions (data.max_len); shorten the prompt or generate fewer tokens"
         )
     out, mask = model.generate(
-        torch.tensor([ids], dtype=torch.long),
+        torch.tensor([ids], dtype=torch.long, device=where),
         None,
         max_new_tokens,
         temperature=temperature,
         top_k=top_k,
         seed=seed,
+        cuda_graph=cuda_graph,
     )
-    return tok.decode(out[0][mask[0]].tolist())
+    return tok.decode(out[0][mask[0]].tolist())  # .tolist() reads the device's tensor back
