@@ -19,6 +19,7 @@ from typing import Any
 __all__ = [
     "check_bool",
     "check_choice",
+    "check_device",
     "check_fields",
     "check_int",
     "check_name",
@@ -99,6 +100,23 @@ def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
     if not any(type(value) is type(c) and value == c for c in options):
         raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in options)}; got {value!r}")
     return value
+
+
+def check_device(name: str, value: Any) -> Any:
+    """``value`` (a string such as ``cpu`` or ``cuda:1``) as a ``torch.device`` this machine has."""
+    import torch
+
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a device name such as cpu or cuda:0, got {value!r} ({type(value).__name__})")
+    try:
+        device = torch.device(value)
+    except RuntimeError:
+        raise ValueError(f"{name}: expected a torch device such as cpu or cuda:0, got {value!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{name}: {value} was asked for but no CUDA device is available")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"{name}: {value}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device
 
 
 def _range(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:

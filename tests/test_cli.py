@@ -205,19 +205,3 @@ def test_help_exits_0(capsys):
     with pytest.raises(SystemExit) as e:
         main(["data", "fetch", "--help"])
     assert e.value.code == 0 and "primaldual data fetch uea JapaneseVowels" in capsys.readouterr().out
-
-
-def test_parse_device_reads_a_torch_device_and_names_the_option():
-    import torch
-
-    from primaldual.utils.cli import parse_device
-
-    assert parse_device("cpu") == torch.device("cpu")
-    with pytest.raises(ValueError, match=r"--where: expected a torch device such as cpu or cuda:0, got 'gpu:x'"):
-        parse_device("gpu:x", "--where")
-    if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="--device: cuda:0 was asked for but no CUDA device is available"):
-            parse_device("cuda:0")
-    else:
-        with pytest.raises(ValueError, match="CUDA device"):
-            parse_device(f"cuda:{torch.cuda.device_count()}")

@@ -7,7 +7,7 @@ import math
 import pytest
 
 import primaldual as pd
-from primaldual.options import check_bool, check_choice, check_int, check_number
+from primaldual.options import check_bool, check_choice, check_device, check_int, check_number
 
 NAN, INF = math.nan, math.inf
 
@@ -113,3 +113,19 @@ def test_checked_fields_run_their_own_checks_with_the_key_named():
             check_name("name", bad)
     with pytest.raises(ValueError, match="root: expected a non-empty string or null"):
         check_optional_str("root", "")
+
+
+def test_check_device_reads_a_torch_device_and_names_the_option():
+    import torch
+
+    assert check_device("--device", "cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match=r"--where: expected a torch device such as cpu or cuda:0, got 'gpu:x'"):
+        check_device("--where", "gpu:x")
+    with pytest.raises(TypeError, match="device must be a device name"):
+        check_device("device", 0)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="--device: cuda:0 was asked for but no CUDA device is available"):
+            check_device("--device", "cuda:0")
+    else:
+        with pytest.raises(ValueError, match="CUDA device"):
+            check_device("--device", f"cuda:{torch.cuda.device_count()}")

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..utils.cli import parse_device
+from ..options import check_device
 from ..utils.io import atomic_write_json, atomic_write_text
 from .layers import PeakMemory, machine_info, run_case, run_worker
 
@@ -227,7 +227,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         raise ValueError(f"--threads: expected 0 (torch's default) or a positive int, got {args.threads}")
     if not args.mem_limit_gb > 0:
         raise ValueError(f"--mem-limit-gb: expected a positive number of GiB, got {args.mem_limit_gb}")
-    parse_device(args.device)
+    check_device("--device", args.device)
     out = Path(args.out)
     records = run_generate(
         models,

@@ -4,8 +4,7 @@
   :data:`FORMATTER`, which keeps the line breaks);
 * :func:`add_deprecated_alias` adds an old option spelling that still works, is hidden from ``--help`` and prints a
   one-line deprecation notice on stderr when used;
-* :func:`iter_subparsers` walks the parser tree (used to give every subcommand the global ``--debug`` flag);
-* :func:`parse_device` reads a ``--device`` value (torch is imported only there).
+* :func:`iter_subparsers` walks the parser tree (used to give every subcommand the global ``--debug`` flag).
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["FORMATTER", "DeprecatedAlias", "add_deprecated_alias", "examples", "iter_subparsers", "parse_device"]
+__all__ = ["FORMATTER", "DeprecatedAlias", "add_deprecated_alias", "examples", "iter_subparsers"]
 
 FORMATTER = argparse.RawDescriptionHelpFormatter
 
@@ -65,19 +64,3 @@ def iter_subparsers(parser: argparse.ArgumentParser) -> Iterator[argparse.Argume
                     seen.add(id(sub))
                     yield sub
                     yield from iter_subparsers(sub)
-
-
-def parse_device(value: str, name: str = "--device") -> Any:
-    """``value`` as a ``torch.device``; ValueError, naming ``name``, for a malformed one or a CUDA device that this
-    machine does not have."""
-    import torch
-
-    try:
-        device = torch.device(value)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"{name}: expected a torch device such as cpu or cuda:0, got {value!r}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"{name}: {value} was asked for but no CUDA device is available")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(f"{name}: {value}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    return device

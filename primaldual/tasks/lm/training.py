@@ -40,11 +40,10 @@ from ...aux_loss import collect_aux_loss, collect_aux_loss_parts
 from ...data.cache import MissingDataError, dataset_dir
 from ...data.lm import IGNORE_INDEX, bits_per_byte, chunk_splits, unigram_baseline
 from ...models.graphed import check_graphable
-from ...options import check_bool, check_int, check_number
+from ...options import check_bool, check_device, check_int, check_number
 from ...train.config import ConfigError, OptimConfig, RunConfig, ScheduleConfig
 from ...train.datamodule import SplitDataModule
 from ...train.module import ClassificationModule, log_ksvd
-from ...utils.cli import parse_device
 from ...utils.io import atomic_write_bytes
 
 __all__ = [
@@ -490,7 +489,7 @@ def generate_text(
     check_int("--top-k", top_k, low=1, allow_none=True)
     check_int("--seed", seed, low=0, high=2**64 - 1, allow_none=True)  # what torch.Generator takes
     check_bool("--cuda-graph", cuda_graph)
-    where = parse_device(device)
+    where = check_device("--device", device)
     model, cfg, tok = load_run_lm(run_dir, ckpt, what="primaldual generate decodes")
     if cuda_graph:
         check_graphable(model, where, what="--cuda-graph")
