@@ -16,11 +16,13 @@ Steps, each with a time budget; after every step ``suite.json`` (the environment
    its flash backend; primal eager, with the fused Triton score kernel (``kernel="triton"``) and with its compiled
    core; the projection floor; softmax with SDPA forced to cuDNN last
    (``primaldual bench layers --tokens 65536``: one call per mechanism and mask, one process per case inside it;
-   median and minimum of the timed calls, peak memory). ``--causal only|no`` and ``--no-compile`` narrow it.
+   median and minimum of the timed calls, peak memory). ``--causal only|no``, ``--no-compile`` and ``--layers``
+   (the mechanisms by label) narrow it.
 3. ``lm_steps``: training steps of ``lm/english/medium/{transformer,primalformer}`` at 4K tokens eager and compiled,
    then 1K and 256 (``primaldual bench steps``; needs ``primaldual data fetch english``).
 4. ``decode``: ms per generated token at 1K-64K context, batch 1 and 8, softmax's KV cache (eager) against primal
-   and linear states replayed as CUDA graphs (``primaldual bench decode --cuda-graph``, random weights).
+   and linear states replayed as CUDA graphs (``primaldual bench decode --cuda-graph``, random weights); then
+   primal eager at 1K and 64K, batch 1.
 5. ``lra``: LRA ListOps and Text training steps at the paper's batch sizes with AMP: Transformer (SDPA), the
    paper's materialised softmax (``transformer_eager``), PrimalFormer, Primal.+ (``primaldual bench lra --amp``).
 6. ``profile``: the primal layer's operators by device time at N = 16K, eager and with the Triton kernel
@@ -238,6 +240,8 @@ def step_layers(suite: Suite, args: argparse.Namespace) -> None:
     causal_cases = {"both": (False, True), "no": (False,), "only": (True,)}[args.causal]
     # mechanisms outside, masks inside: a budget cut drops the last mechanisms (cuDNN, compiled) of both masks
     for label, attention, backend, options, shortest in LAYER_CASES:
+        if args.layers and label not in args.layers:
+            continue
         for causal in (False,) if args.quick else causal_cases:
             if args.quick and (options.get("compile") or backend == "cudnn" or options.get("kernel")):
                 continue  # minutes of CPU compilation; no cuDNN or Triton on a CPU: no information at toy sizes
@@ -340,35 +344,37 @@ def step_lm_steps(suite: Suite, args: argparse.Namespace) -> None:
 
 
 def step_decode(suite: Suite, args: argparse.Namespace) -> None:
+    """Constant states replayed as CUDA graphs against the eager KV cache (as a user runs each), primal first; then,
+    with what is left of the budget, primal decoding eager at 1K and 64K: what the graph removes."""
     t0 = time.perf_counter()
-    out = suite.out / "decode" / "decode.json"
-    contexts = "32" if args.quick else "1024,16384,65536"
+    budget = BUDGETS["decode"] * args.budget_scale
     size = ["--dim", "32", "--depth", "1", "--heads", "2", "--vocab", "64"] if args.quick else []
-    cmd = _cli(
-        "bench",
-        "decode",
-        "--device",
-        args.device,
-        "--contexts",
-        contexts,
-        "--batches",
-        "1" if args.quick else "1,8",
-        "--attentions",
-        "softmax,primal" if args.quick else "softmax,primal,linear",
-        "--steps",
-        "2" if args.quick else "16",
-        *size,
-        *([] if args.quick else ["--cuda-graph"]),
-        "--out",
-        str(out),
-    )  # fmt: skip  (constant states replay as CUDA graphs; the KV cache stays eager, as a user runs it)
-    code, tail = _run(cmd, BUDGETS["decode"] * args.budget_scale)
-    res: dict[str, Any] = {"status": _status(code), "seconds": time.perf_counter() - t0}
-    if code == 0:
-        res["tables"] = [str(out.with_suffix(".md").relative_to(suite.out))]
-    else:
-        res["error"] = tail[-800:]
-    res["records"] = _records(out)
+    calls = (
+        ("decode", "softmax,primal" if args.quick else "primal,softmax,linear", "1" if args.quick else "1,8",
+         "32" if args.quick else "1024,16384,65536", not args.quick),
+        ("decode_eager", "primal", "1", "32" if args.quick else "1024,65536", False),
+    )  # fmt: skip
+    res: dict[str, Any] = {"status": "done", "tables": [], "records": []}
+    for name, attentions, batches, contexts, graph in calls:
+        left = budget - (time.perf_counter() - t0)
+        if left <= 0:
+            res["status"] = "budget spent"
+            break
+        out = suite.out / "decode" / f"{name}.json"
+        cmd = _cli(
+            "bench", "decode", "--device", args.device, "--contexts", contexts, "--batches", batches,
+            "--attentions", attentions, "--steps", "2" if args.quick else "16", *size,
+            *(["--cuda-graph"] if graph else []), "--out", str(out),
+        )  # fmt: skip
+        code, tail = _run(cmd, left)
+        if code == 0:
+            res["tables"].append(str(out.with_suffix(".md").relative_to(suite.out)))
+        else:
+            res["status"], res[f"error_{name}"] = _status(code), tail[-800:]
+        res["records"] += [{**r, "cuda_graph": bool(r.get("cuda_graph"))} for r in _records(out)]
+        if code != 0:
+            break
+    res["seconds"] = time.perf_counter() - t0
     suite.step("decode", res)
 
 
@@ -426,6 +432,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-scale", type=float, default=1.0, help="multiply every step's time budget")
     p.add_argument("--causal", choices=("both", "no", "only"), default="both", help="layers step: which masks")
     p.add_argument("--no-compile", action="store_true", help="layers step: skip the compiled primal layer")
+    labels = [case[0] for case in LAYER_CASES]
+    p.add_argument(
+        "--layers",
+        default="",
+        metavar="LABEL,...",
+        help=f"layers step: only these mechanisms, from {', '.join(labels)} (default all; the floor comes with primal)",
+    )
     p.add_argument(
         "--budget",
         action="append",
@@ -444,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--steps: unknown {unknown}; choose from {['tests', *STEPS]}")
     if args.budget_scale <= 0:
         p.error("--budget-scale: expected a number > 0")
+    args.layers = [x.strip() for x in args.layers.split(",") if x.strip()]
+    if wrong := [x for x in args.layers if x not in labels]:
+        p.error(f"--layers: unknown {wrong}; choose from {labels}")
     for item in args.budget:
         name, _, value = item.partition("=")
         try:

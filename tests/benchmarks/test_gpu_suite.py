@@ -40,7 +40,11 @@ def test_quick_run_writes_every_step_and_refuses_the_cpu_without_quick(tmp_path)
     bad = subprocess.run([sys.executable, str(script), "--out", str(out), "--device", "cpu"], capture_output=True,
                          text=True, timeout=120)  # fmt: skip
     assert bad.returncode == 2 and "only with --quick" in bad.stderr
-    for arg, msg in (("--budget=layers=0", "SECONDS > 0"), ("--budget=foo=3", "STEP in")):
+    for arg, msg in (
+        ("--budget=layers=0", "SECONDS > 0"),
+        ("--budget=foo=3", "STEP in"),
+        ("--layers=flash", "--layers: unknown ['flash']"),
+    ):
         bad = subprocess.run([sys.executable, str(script), "--out", str(out), "--device", "cpu", "--quick", arg],
                              capture_output=True, text=True, timeout=120)  # fmt: skip
         assert bad.returncode == 2 and msg in bad.stderr, bad.stderr
