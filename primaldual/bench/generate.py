@@ -11,6 +11,9 @@ and at most ``new``: no early stop), after an untimed short generation that warm
 * ``hf_gpt2``: ``transformers.GPT2LMHeadModel`` of the same width, depth, heads, vocabulary and positions,
   ``generate(do_sample=False, use_cache=True)`` (built by :func:`primaldual.integrations.hf.peers.gpt2_lm`).
 
+``--cuda-graph`` (a CUDA device): ``primal`` decodes with ``generate(cuda_graph=True)``, each step one CUDA graph
+replay, the capture inside the timed generation (what a user's call pays); the models with a KV cache stay eager.
+
 ``tokens_per_s`` is ``batch * new / total`` with ``total`` the wall time of the whole generation, prefill included.
 Then, untimed by the first, the prefill alone is timed once more (``CausalLM.prefill``; GPT-2's forward with
 ``use_cache=True``), and ``ms_per_token = (total - prefill) / new`` is the decoding time per step. ``peak_mb`` is
@@ -56,8 +59,9 @@ def _build(case: dict[str, Any]) -> Any:
     return model.to(case["device"]).eval()
 
 
-def _generate(model: Any, ids: Any, new: int, hf: bool) -> Any:
-    """Greedy generation of exactly ``new`` tokens after the ``(B, N)`` prompts ``ids``."""
+def _generate(model: Any, ids: Any, new: int, hf: bool, graph: bool = False) -> Any:
+    """Greedy generation of exactly ``new`` tokens after the ``(B, N)`` prompts ``ids`` (``graph``: each step a CUDA
+    graph replay)."""
     import torch
 
     if hf:
@@ -65,7 +69,7 @@ def _generate(model: Any, ids: Any, new: int, hf: bool) -> Any:
         return model.generate(
             ids, attention_mask=mask, do_sample=False, max_new_tokens=new, min_new_tokens=new, use_cache=True
         )
-    return model.generate(ids, max_new_tokens=new, temperature=0.0)[0]
+    return model.generate(ids, max_new_tokens=new, temperature=0.0, cuda_graph=graph)[0]
 
 
 def _prefill(model: Any, ids: Any, hf: bool) -> None:
@@ -82,6 +86,7 @@ def _worker(case: dict[str, Any]) -> dict[str, Any]:
         torch.set_num_threads(case["threads"])
     device = torch.device(case["device"])
     hf = case["model"] == "hf_gpt2"
+    graph = case["model"] == "primal" and case.get("cuda_graph", False)
     model = _build(case)
     g = torch.Generator().manual_seed(1)
     # the last id is GPT-2's end-of-sequence id: prompts avoid it
@@ -92,11 +97,11 @@ def _worker(case: dict[str, Any]) -> dict[str, Any]:
             torch.cuda.synchronize()
 
     with torch.no_grad():
-        _generate(model, ids[:, : min(8, case["prompt"])], 2, hf)  # warm-up: first-call costs
+        _generate(model, ids[:, : min(8, case["prompt"])], 2, hf, graph)  # warm-up: first-call costs
         sync()
         memory = PeakMemory(device)
         t0 = time.perf_counter()
-        out = _generate(model, ids, case["new"], hf)
+        out = _generate(model, ids, case["new"], hf, graph)
         sync()
         total = time.perf_counter() - t0
         peak = memory.mb()
@@ -113,6 +118,7 @@ def _worker(case: dict[str, Any]) -> dict[str, Any]:
         "ms_per_token": 1e3 * max(total - prefill, 0.0) / case["new"],
         "peak_mb": peak,
         "mem_method": memory.method,
+        "cuda_graph": graph,
     }
 
 
@@ -131,13 +137,17 @@ def run_generate(
     threads: int = 0,
     mem_limit_gb: float = 20.0,
     timeout_s: float = 1800.0,
+    cuda_graph: bool = False,
 ) -> list[dict[str, Any]]:
-    """Every (model, batch, prompt) case in its own process; ``out`` (JSON) rewritten atomically after each case."""
+    """Every (model, batch, prompt) case in its own process; ``out`` (JSON) rewritten atomically after each case.
+    ``cuda_graph``: ``primal`` decodes from CUDA graphs (a CUDA device)."""
     unknown = [m for m in models if m not in MODELS]
     if unknown:
         raise ValueError(f"models: unknown {unknown}; choose from {list(MODELS)}")
+    if cuda_graph and not str(device).startswith("cuda"):
+        raise ValueError(f"--cuda-graph: CUDA graphs need a CUDA device, got --device {device}")
     settings = {"new": new, "dim": dim, "depth": depth, "heads": heads, "vocab": vocab}
-    settings.update(device=device, threads=threads)
+    settings.update(device=device, threads=threads, cuda_graph=cuda_graph)
     records: list[dict[str, Any]] = []
     for batch in batches:
         for prompt in prompts:
@@ -200,6 +210,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--cuda-graph", action="store_true", help="primal decodes each step from a CUDA graph (a CUDA device)"
+    )
     p.add_argument("--threads", type=int, default=0, help="torch threads per case (0: torch's default)")
     p.add_argument("--mem-limit-gb", type=float, default=20.0)
     p.add_argument("--out", default="runs/bench/generate.json", help="JSON file; the table (.md) goes beside it")
@@ -242,6 +255,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         device=args.device,
         threads=args.threads,
         mem_limit_gb=args.mem_limit_gb,
+        cuda_graph=args.cuda_graph,
     )
     table = generate_table(records)
     atomic_write_text(out.with_suffix(".md"), table + "\n")

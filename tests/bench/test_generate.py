@@ -37,6 +37,7 @@ def test_bench_generate_cli_writes_json_and_table(tmp_path, capsys):
         (["--prompts", "0"], "--prompts: expected positive ints"),
         (["--vocab", "1"], "--vocab: expected at least 2 ids"),
         (["--new", "0"], "--new: expected a positive int"),
+        (["--cuda-graph"], "--cuda-graph: CUDA graphs need a CUDA device, got --device cpu"),
     ],
 )
 def test_bench_generate_refuses_unknown_models_and_bad_sizes(tmp_path, capsys, flags, message):
