@@ -106,7 +106,7 @@ def _worker(case: dict[str, Any]) -> dict[str, Any]:
 
     def sync() -> None:
         if device.type == "cuda":
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(device)
 
     memory = PeakMemory(device)
     times = []

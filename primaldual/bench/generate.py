@@ -94,7 +94,7 @@ def _worker(case: dict[str, Any]) -> dict[str, Any]:
 
     def sync() -> None:
         if device.type == "cuda":
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(device)
 
     with torch.no_grad():
         _generate(model, ids[:, : min(8, case["prompt"])], 2, hf, graph)  # warm-up: first-call costs

@@ -188,7 +188,7 @@ def _case_call(case: dict[str, Any]) -> tuple[Any, Any]:
 
     def sync():
         if device.type == "cuda":
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(device)
 
     call = _plain_call(case, layer, x)
     backend = case.get("sdpa_backend")

@@ -183,7 +183,7 @@ def build_case(case: dict[str, Any]) -> tuple[Any, Any, Any]:
 
     def sync():
         if device.type == "cuda":
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(device)
 
     return model, step, sync
 

@@ -16,7 +16,7 @@ which a capture cannot hold. Hand-written around ``torch.cuda.CUDAGraph`` (PyTor
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -65,13 +65,16 @@ class GraphedStep:
             there, as capture requires); the state and ids are restored afterwards, so they advance nothing.
 
     Calling it with ``ids`` ``(B,)`` int64 and ``real`` ``(B,)`` bool (True = a real token; None: all real)
-    returns the ``(B, vocab)`` logits, a buffer the next call overwrites.
+    returns the ``(B, vocab)`` logits, a buffer the next call overwrites. The graph holds the addresses of the
+    model's parameters: moving or casting the model afterwards (``.to``, ``.half()``) needs a new ``GraphedStep``.
     """
 
     def __init__(self, model: CausalLM, state: LMState, *, feed_back: bool = False, warmup: int = 1) -> None:
         check_bool("feed_back", feed_back)
         check_int("warmup", warmup, low=1)
         check_graphable(model, state.count.device)
+        if model.training:  # dropout and other training branches would be frozen into the graph as captured
+            raise ValueError("GraphedStep: the model is in training mode; call model.eval() first")
         batch, device = state.count.shape[0], state.count.device
         self.ids = torch.zeros(batch, dtype=torch.long, device=device)
         self.real = torch.ones(batch, dtype=torch.bool, device=device)
@@ -81,8 +84,8 @@ class GraphedStep:
         def step() -> Tensor:
             logits, new = model.unchecked_step(self.ids, state, self.real)
             src = state_tensors(new)
-            if [t.shape for t in src] != [t.shape for t in static]:
-                raise ValueError("the decoding state changes shape from step to step: it cannot be captured")
+            if [(t.shape, t.dtype) for t in src] != [(t.shape, t.dtype) for t in static]:
+                raise ValueError("the decoding state changes shape or dtype from step to step: it cannot be captured")
             for dst, value in zip(static, src, strict=True):
                 dst.copy_(value)
             if feed_back:
@@ -90,11 +93,14 @@ class GraphedStep:
             return logits
 
         saved = [t.clone() for t in (*static, self.ids, self.real)]
+        # one stream of this step's own, on the model's device, for the warm-up and the capture: torch.cuda.graph's
+        # shared default capture stream is made on whichever device was current at its first use
+        side = _side_stream(device)
         with torch.no_grad():
-            _warm_up(step, warmup, device)
+            _warm_up(step, warmup, device, side)
             for dst, value in zip((*static, self.ids, self.real), saved, strict=True):
                 dst.copy_(value)
-            self._replay = _record(step, device)  # recorded, not run: the state is untouched until the first call
+            self._replay = _record(step, device, side)  # recorded, not run: the state is untouched until then
 
     def __call__(self, ids: Tensor | None = None, real: Tensor | None = None) -> Tensor:
         if ids is not None:
@@ -106,9 +112,12 @@ class GraphedStep:
         return self._replay()
 
 
-def _warm_up(step: Callable[[], Tensor], times: int, device: torch.device) -> None:
-    """Run ``step`` on a side stream, as capture requires (the caching allocator keeps its pools apart)."""
-    side = torch.cuda.Stream(device)
+def _side_stream(device: torch.device) -> Any:
+    return torch.cuda.Stream(device)
+
+
+def _warm_up(step: Callable[[], Tensor], times: int, device: torch.device, side: Any) -> None:
+    """Run ``step`` on the side stream, as capture requires (the caching allocator keeps its pools apart)."""
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
         for _ in range(times):
@@ -116,10 +125,11 @@ def _warm_up(step: Callable[[], Tensor], times: int, device: torch.device) -> No
     torch.cuda.current_stream(device).wait_stream(side)
 
 
-def _record(step: Callable[[], Tensor], device: torch.device) -> Callable[[], Tensor]:
-    """``step`` recorded in a CUDA graph: returns ``replay() -> output``, the output a buffer of the graph."""
+def _record(step: Callable[[], Tensor], device: torch.device, side: Any) -> Callable[[], Tensor]:
+    """``step`` recorded in a CUDA graph on ``side``: returns ``replay() -> output``, the output a buffer of the
+    graph."""
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.device(device), torch.cuda.graph(graph):
+    with torch.cuda.device(device), torch.cuda.graph(graph, stream=side):
         out = step()
 
     def replay() -> Tensor:

@@ -27,12 +27,13 @@ class PeakMemory:
     def __init__(self, device: Any) -> None:
         import torch
 
-        self.cuda = torch.device(device).type == "cuda"
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
         self.reset_ok = True
-        if self.cuda:
-            torch.cuda.synchronize()
-            self.base = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
+        if self.cuda:  # that device's counters (cuda:1 is not the current device unless set)
+            torch.cuda.synchronize(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
             return
         try:
             with open("/proc/self/clear_refs", "w") as f:
@@ -50,7 +51,7 @@ class PeakMemory:
         import torch
 
         if self.cuda:
-            peak = torch.cuda.max_memory_allocated() - self.base
+            peak = torch.cuda.max_memory_allocated(self.device) - self.base
         elif self.reset_ok:
             peak = status_kb("VmHWM") * 1024 - self.base
         else:

@@ -44,8 +44,9 @@ def _prompts(device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
 def eager_capture(monkeypatch):
     """The capture's eager stand-ins: a CPU model goes through GraphedStep's own code."""
     monkeypatch.setattr(graphed_module, "_is_cuda", lambda device: True)
-    monkeypatch.setattr(graphed_module, "_warm_up", lambda step, times, device: [step() for _ in range(times)])
-    monkeypatch.setattr(graphed_module, "_record", lambda step, device: step)
+    monkeypatch.setattr(graphed_module, "_side_stream", lambda device: None)
+    monkeypatch.setattr(graphed_module, "_warm_up", lambda step, times, device, side: [step() for _ in range(times)])
+    monkeypatch.setattr(graphed_module, "_record", lambda step, device, side: step)
 
 
 GENERATE_CASES = [
@@ -130,6 +131,8 @@ def test_options_are_checked_not_coerced(eager_capture):
             GraphedStep(model, state, warmup=0)
         with pytest.raises(TypeError, match="feed_back must be a bool"):
             GraphedStep(model, state, feed_back=1)
+        with pytest.raises(ValueError, match=r"training mode; call model.eval\(\) first"):
+            GraphedStep(model.train(), state)
 
 
 def test_check_graphable_names_the_caller():
