@@ -80,7 +80,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             'primaldual generate RUN_DIR --prompt "It is a truth universally acknowledged" --max-new-tokens 60 '
             "--temperature 0.8 --top-k 40 --seed 1",
             'primaldual generate RUN_DIR --prompt "And God said" --max-new-tokens 30 --temperature 0 --ckpt last',
-            'primaldual generate RUN_DIR --prompt "The kernel" --max-new-tokens 200 --device cuda --cuda-graph',
+            'primaldual generate RUN_DIR --prompt "The kernel" --max-new-tokens 100 --device cuda --cuda-graph',
             note="The model comes from the run's config.yaml, the checkpoint is read in the safe mode, the prompt is "
             "encoded with the run's tokenizer (tokenizer.json, or dict.txt for WikiText); the prompt and its "
             "continuation are printed. Prompt tokens + --max-new-tokens must fit the model's positions "
