@@ -78,7 +78,6 @@ class GraphedStep:
         batch, device = state.count.shape[0], state.count.device
         self.ids = torch.zeros(batch, dtype=torch.long, device=device)
         self.real = torch.ones(batch, dtype=torch.bool, device=device)
-        self.state = state
         static = state_tensors(state)
 
         def step() -> Tensor:

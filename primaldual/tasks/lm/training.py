@@ -512,4 +512,4 @@ def generate_text(
         seed=seed,
         cuda_graph=cuda_graph,
     )
-    return tok.decode(out[0][mask[0]].tolist())  # .tolist() reads the device's tensor back
+    return tok.decode(out[0][mask[0]].tolist())
