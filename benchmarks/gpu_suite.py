@@ -28,7 +28,6 @@ Steps, each with a time budget; after every step ``suite.json`` (the environment
 6. ``profile``: the primal layer's operators by device time at N = 16K, eager and with the Triton kernel
    (``benchmarks/profile_layer.py``).
 
-Not here yet (issue 44): the score kernel's causal prologue and KSVD energies.
 ``--quick --device cpu`` runs every step at toy sizes (what CI checks; no GPU figures; the kernel's interpreter
 tests are left to the test suite, which runs them anyway). A failing test is named in
 ``suite.json`` (``failures``: pytest's ``FAILED`` lines), not only in the output's tail.

@@ -474,28 +474,41 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         compiled core (run without gradients) evaluates as the compiled graph did."""
         B, N, _ = x.shape
         exact_mask = mask if self.padding == "exact" else None
-        src = causal_prefix_mean(x, exact_mask) if self.causal else x  # (B, N, C)
         w = self._weights(x, mask, p)
-        if self._rotated(x, p) if rotated is None else rotated:
-            weight, bias = self._fused_output(p)
-            out, energy = primal_output_rotated(
-                src, p["qk_w"], p["qk_b"], w, weight, bias, p["lam"], exact_mask, self.eps, with_energy=ksvd
-            )
+        if self._use_kernel(x):  # the prefix means and the KSVD energies are formed inside the kernel
+            scores, term = self._kernel_scores(x, exact_mask, w, p, ksvd)
+        else:
+            src = causal_prefix_mean(x, exact_mask) if self.causal else x  # (B, N, C)
+            if self._rotated(x, p) if rotated is None else rotated:
+                weight, bias = self._fused_output(p)
+                out, energy = primal_output_rotated(
+                    src, p["qk_w"], p["qk_b"], w, weight, bias, p["lam"], exact_mask, self.eps, with_energy=ksvd
+                )
+                term = None
+                if ksvd:
+                    term = ksvd_loss_from_energies(energy, p["w_e"], p["w_r"], exact_mask, N, self.ksvd_reduction)
+                return out, term
+            scores, _ = primal_scores_from_input(src, p["qk_w"], p["qk_b"], w, self.eps)
             term = None
             if ksvd:
-                term = ksvd_loss_from_energies(energy, p["w_e"], p["w_r"], exact_mask, N, self.ksvd_reduction)
-            return out, term
-        if self._use_kernel(src):
-            from ..kernels.primal_scores import primal_scores_triton
-
-            scores = primal_scores_triton(src, p["qk_w"], p["qk_b"], w, self.eps)  # (B, N, H, 2, s)
-        else:
-            scores, _ = primal_scores_from_input(src, p["qk_w"], p["qk_b"], w, self.eps)
-        term = None
-        if ksvd:
-            term = ksvd_loss_from_scores(scores, p["w_e"], p["w_r"], p["lam"], exact_mask, self.ksvd_reduction)
+                term = ksvd_loss_from_scores(scores, p["w_e"], p["w_r"], p["lam"], exact_mask, self.ksvd_reduction)
         weight, bias = self._fused_output(p)
         return F.linear(scores.view(B, N, -1), weight, bias), term  # (B, N, H*2s) -> (B, N, C)
+
+    def _kernel_scores(
+        self, x: Tensor, mask: Tensor | None, w: Tensor, p: dict[str, Tensor | None], ksvd: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """Scores ``(B, N, H, 2, s)`` and the KSVD term (None if not ``ksvd``) from the fused kernel: ``x`` is the layer
+        input (the causal prefix means are the kernel's prologue), ``mask`` the exact-padding mask or None."""
+        from ..kernels.primal_scores import primal_scores_triton
+
+        B, N, _ = x.shape
+        out = primal_scores_triton(x, p["qk_w"], p["qk_b"], w, self.eps, mask=mask, causal=self.causal, energies=ksvd)
+        if not ksvd:
+            return out, None
+        scores, sums = out  # (B, N, H, 2, s), (B, 2, H, s): sum_t m_t score^2
+        energy = (sums * p["lam"].square()).sum(-1).reshape(B, 2 * self.num_heads)  # (B, 2, H) -> (B, 2H)
+        return scores, ksvd_loss_from_energies(energy, p["w_e"], p["w_r"], mask, N, self.ksvd_reduction)
 
     def _core_maybe_compiled(
         self, x: Tensor, mask: Tensor | None, p: dict[str, Tensor | None], ksvd: bool

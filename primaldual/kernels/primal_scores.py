@@ -1,22 +1,28 @@
 """The primal layer's score path as one Triton kernel: the projection tile never leaves the chip.
 
 :func:`~primaldual.functional.primal.primal_scores_from_input` computes ``[Q, K] = x W^T + b`` (``(B, N, 2C)``,
-written to memory), reads it back for the row norms, then multiplies each head by ``W_e`` / ``W_r`` and scales.
+written to memory), reads it back for the row norms, then multiplies each head by ``W_e`` / ``W_r`` and scales;
+the KSVD term reads the scores once more for their squares, and the causal layer first writes the prefix means of x.
 Here one program takes ``BLOCK_M`` tokens of one sample and one (query-or-key, head) pair ``g``:
 
-1. ``acc = x_tile @ W_g^T + b_g`` over the width C in ``BLOCK_K`` steps (``(BLOCK_M, p)``, float32 in registers);
-2. ``inv = 1 / max(||acc||, eps)`` per row;
-3. ``scores = (acc @ w_g) * inv`` with ``w_g`` the ``(p, s)`` weight of that head (the sample's own when the weights
-   are data-dependent), stored token-major into ``(B, N, H, 2, s)``; ``inv`` into ``(B, N, 2, H)``.
+1. causal only, the prologue: the prefix sums of ``m * x`` within the tile (``m`` the real-token mask) plus the
+   carry of the tiles before it, over the count of real tokens so far: the prefix means, formed in registers;
+2. ``acc = src_tile @ W_g^T + b_g`` over the width C in ``BLOCK_K`` steps (``(BLOCK_M, p)``, float32);
+3. ``inv = 1 / max(||acc||, eps)`` per row;
+4. ``scores = (acc @ w_g) * inv`` with ``w_g`` the ``(p, s)`` weight of that head (the sample's own when the weights
+   are data-dependent), stored token-major into ``(B, N, H, 2, s)``; ``inv`` into ``(B, N, 2, H)``;
+5. with energies, the tile's share of ``sum_t m_t scores_t^2`` per component, one slot per (sample, tile, g),
+   summed afterwards in a fixed order (deterministic: no atomics).
 
-So the ``(B, N, 2C)`` projection is neither written nor read: per token the kernel moves C inputs in and ``2 H s``
-scores out (plus the weights, once per tile). The backward kernel (:class:`PrimalScores` saves the inputs, not the
-projection) recomputes each tile the same way, then writes ``d[Q, K]`` (chain rule through the norms and the
-per-head products) and one ``(p, s)`` share of ``dW`` per tile, summed afterwards in a fixed order (deterministic:
-no atomics); ``dx`` and ``dW_qk`` are two GEMMs on ``d[Q, K]``.
+So neither the ``(B, N, 2C)`` projection nor the ``(B, N, C)`` prefix means are written or read: per token the
+kernel moves C inputs in and ``2 H s`` scores out (plus the weights, once per tile). The causal carry is one small
+reduction kernel over the tiles (``(B, T, C)`` float32, T = N / BLOCK_M) and a scan of its T totals. The backward
+kernel (:class:`PrimalScores` saves the inputs and the carry, not the projection) recomputes each tile the same
+way, adds the energies' gradient ``2 m scores`` to the scores', then writes ``d[Q, K]`` (chain rule through the
+norms and the per-head products) and one ``(p, s)`` share of ``dW`` per tile, summed afterwards in a fixed order;
+``dx`` and ``dW_qk`` are two GEMMs on ``d[Q, K]`` (causal: ``dx`` through the prefix means by a scan from the end,
+``dW_qk`` against the prefix means, recomputed).
 
-What is not in the kernel yet (issue 44): the causal prefix mean (the caller passes prefix means of x, one
-``cumsum``) and the KSVD energies (computed from the returned scores, ``2 H s`` per token).
 ``TRITON_INTERPRET=1`` runs it on CPU tensors, which is how CI tests it (there its products run in float32 for
 bfloat16 inputs: the interpreter's bfloat16 ``tl.dot`` returns garbage, numpy having no bfloat16); on a GPU it is
 what ``PrimalAttention(kernel="triton")`` calls, with half-precision products on the tensor cores.
@@ -27,10 +33,14 @@ Written by hand: the fusion is specific to this layer; no library kernel compute
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from ..functional.primal import causal_prefix_mean
+from ..functional.scan import prefix_sum
 
 __all__ = ["PrimalScores", "primal_scores_triton", "triton_available", "triton_unavailable_reason"]
 
@@ -42,6 +52,9 @@ try:  # triton is optional (the `kernels` extra)
 except ImportError as err:  # pragma: no cover - exercised where triton is missing
     triton, tl = None, None
     _IMPORT_ERROR = f"triton is not installed ({err}); pip install 'primaldual[kernels]'"
+
+
+BLOCK_K = 32  # the width step of the projection and of the carry's reduction
 
 
 def _interpreting() -> bool:
@@ -73,9 +86,97 @@ def triton_available(x: Tensor) -> bool:
 if triton is not None:
 
     @triton.jit
+    def _project(
+        x_ptr, w_ptr, b_ptr, m_ptr, carry_ptr, ccount_ptr,
+        b, pid_m, g, N, C, P, T,
+        sxb, sxn, sxc, sw0, sw1,
+        rows, cols_p, row_ok, p_ok,
+        HAS_BIAS: tl.constexpr,
+        HAS_MASK: tl.constexpr,
+        CAUSAL: tl.constexpr,
+        UPCAST: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        BLOCK_P: tl.constexpr,
+    ):  # fmt: skip
+        """One tile's ``(BLOCK_M, BLOCK_P)`` projection ``src @ W_g^T + b_g`` in float32, and the rows' real-token
+        weights ``m`` (1.0 / 0.0; 0.0 past N). Causal: ``src`` is the prefix mean of ``m * x``, formed here from
+        the tile's own prefix sums and the carry of the tiles before it."""
+        if HAS_MASK:  # noqa: SIM108 - a compile-time branch: Triton drops the load when the flag is off
+            m = tl.load(m_ptr + b * N + rows, mask=row_ok, other=0.0)
+        else:
+            m = row_ok.to(tl.float32)
+        if CAUSAL:
+            if HAS_MASK:  # noqa: SIM108 - a compile-time branch, as above
+                cnt = tl.cumsum(m, axis=0) + tl.load(ccount_ptr + b * T + pid_m)
+            else:
+                cnt = (rows + 1).to(tl.float32)
+            cnt = tl.maximum(cnt, 1.0)  # no real token yet: the prefix mean is 0, as causal_prefix_mean's
+        acc = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
+        for k0 in range(0, C, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < C
+            xt = tl.load(
+                x_ptr + b * sxb + rows[:, None] * sxn + ks[None, :] * sxc,
+                mask=row_ok[:, None] & k_ok[None, :],
+                other=0.0,
+            )  # (BLOCK_M, BLOCK_K)
+            if CAUSAL:
+                xs = xt.to(tl.float32)
+                if HAS_MASK:
+                    xs = xs * m[:, None]
+                carry = tl.load(carry_ptr + (b * T + pid_m) * C + ks, mask=k_ok, other=0.0)  # (BLOCK_K,)
+                xs = tl.cumsum(xs, axis=0) + carry[None, :]
+                # the prefix means rounded to the input dtype, as the PyTorch path feeds its GEMM
+                xt = (xs / cnt[:, None]).to(x_ptr.dtype.element_ty)
+            wt = tl.load(
+                w_ptr + (g * P + cols_p)[None, :] * sw0 + ks[:, None] * sw1,
+                mask=k_ok[:, None] & p_ok[None, :],
+                other=0.0,
+            )  # (BLOCK_K, BLOCK_P): W_g^T
+            if UPCAST:
+                acc += tl.dot(xt.to(tl.float32), wt.to(tl.float32))
+            else:
+                acc += tl.dot(xt, wt.to(xt.dtype))  # the input dtype on the tensor cores, accumulated in float32
+        if HAS_BIAS:
+            bias = tl.load(b_ptr + g * P + cols_p, mask=p_ok, other=0.0)
+            acc += bias[None, :].to(tl.float32)
+        return acc, m
+
+    @triton.jit
+    def _tile_sums(
+        x_ptr, m_ptr, sums_ptr, count_ptr,
+        N, C, sxb, sxn, sxc,
+        HAS_MASK: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        """The causal prologue's carry, part one: per row tile, the float32 sums of ``m * x`` ``(B, T, C)`` and
+        (masked) the real-token counts ``(B, T)``."""
+        t = tl.program_id(0)
+        kb = tl.program_id(1)
+        b = tl.program_id(2)
+        T = tl.num_programs(0)
+        rows = t * BLOCK_M + tl.arange(0, BLOCK_M)
+        ks = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+        row_ok = rows < N
+        k_ok = ks < C
+        xt = tl.load(
+            x_ptr + b * sxb + rows[:, None] * sxn + ks[None, :] * sxc,
+            mask=row_ok[:, None] & k_ok[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        if HAS_MASK:  # noqa: SIM108 - a compile-time branch: Triton drops the load when the flag is off
+            m = tl.load(m_ptr + b * N + rows, mask=row_ok, other=0.0)
+            xt = xt * m[:, None]
+            if kb == 0:
+                tl.store(count_ptr + b * T + t, tl.sum(m, axis=0))
+        tl.store(sums_ptr + (b * T + t) * C + ks, tl.sum(xt, axis=0), mask=k_ok)
+
+    @triton.jit
     def _scores_fwd(
-        x_ptr, w_ptr, b_ptr, wes_ptr, out_ptr, inv_ptr,
-        N, C, H, P, S,
+        x_ptr, w_ptr, b_ptr, wes_ptr, m_ptr, carry_ptr, ccount_ptr, out_ptr, inv_ptr, en_ptr,
+        N, C, H, P, S, T,
         sxb, sxn, sxc,  # x (B, N, C)
         sw0, sw1,  # qk weight (2HP, C)
         swb, swg, swp, sws,  # W_e|W_r as (B or 1, 2H, P, S); swb = 0 when shared by the samples
@@ -83,6 +184,9 @@ if triton is not None:
         sib, sin_, sig,  # inv (B, N, 2H) view of (B, N, 2, H)
         eps,
         HAS_BIAS: tl.constexpr,
+        HAS_MASK: tl.constexpr,
+        CAUSAL: tl.constexpr,
+        ENERGY: tl.constexpr,
         UPCAST: tl.constexpr,  # float32 products: the interpreter's bfloat16 dot is wrong (numpy has no bfloat16)
         BLOCK_M: tl.constexpr,
         BLOCK_K: tl.constexpr,
@@ -98,27 +202,10 @@ if triton is not None:
         cols_p = tl.arange(0, BLOCK_P)
         row_ok = rows < N
         p_ok = cols_p < P
-        acc = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
-        for k0 in range(0, C, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            k_ok = ks < C
-            xt = tl.load(
-                x_ptr + b * sxb + rows[:, None] * sxn + ks[None, :] * sxc,
-                mask=row_ok[:, None] & k_ok[None, :],
-                other=0.0,
-            )  # (BLOCK_M, BLOCK_K)
-            wt = tl.load(
-                w_ptr + (g * P + cols_p)[None, :] * sw0 + ks[:, None] * sw1,
-                mask=k_ok[:, None] & p_ok[None, :],
-                other=0.0,
-            )  # (BLOCK_K, BLOCK_P): W_g^T
-            if UPCAST:
-                acc += tl.dot(xt.to(tl.float32), wt.to(tl.float32))
-            else:
-                acc += tl.dot(xt, wt.to(xt.dtype))  # the input dtype on the tensor cores, accumulated in float32
-        if HAS_BIAS:
-            bias = tl.load(b_ptr + g * P + cols_p, mask=p_ok, other=0.0)
-            acc += bias[None, :].to(tl.float32)
+        acc, m = _project(
+            x_ptr, w_ptr, b_ptr, m_ptr, carry_ptr, ccount_ptr, b, pid_m, g, N, C, P, T, sxb, sxn, sxc, sw0, sw1,
+            rows, cols_p, row_ok, p_ok, HAS_BIAS, HAS_MASK, CAUSAL, UPCAST, BLOCK_M, BLOCK_K, BLOCK_P,
+        )  # fmt: skip
         inv = 1.0 / tl.maximum(tl.sqrt(tl.sum(acc * acc, axis=1)), eps)  # (BLOCK_M,)
         cols_s = tl.arange(0, BLOCK_S)
         s_ok = cols_s < S
@@ -134,10 +221,14 @@ if triton is not None:
             mask=row_ok[:, None] & s_ok[None, :],
         )
         tl.store(inv_ptr + b * sib + rows * sin_ + g * sig, inv, mask=row_ok)
+        if ENERGY:
+            # this tile's share of sum_t m_t score_t^2, one slot per (sample, tile, g): summed outside, no atomics
+            part = tl.sum(u * u * m[:, None], axis=0)  # (BLOCK_S,)
+            tl.store(en_ptr + ((b * T + pid_m) * (2 * H) + g) * S + cols_s, part, mask=s_ok)
 
     @triton.jit
     def _scores_bwd(
-        x_ptr, w_ptr, b_ptr, wes_ptr, g_ptr, dqk_ptr, dwes_ptr,
+        x_ptr, w_ptr, b_ptr, wes_ptr, m_ptr, carry_ptr, ccount_ptr, g_ptr, ge_ptr, dqk_ptr, dwes_ptr,
         N, C, H, P, S, T,
         sxb, sxn, sxc,
         sw0, sw1,
@@ -146,6 +237,9 @@ if triton is not None:
         sdb, sdn, sdc,  # d_qk (B, N, 2HP)
         eps,
         HAS_BIAS: tl.constexpr,
+        HAS_MASK: tl.constexpr,
+        CAUSAL: tl.constexpr,
+        ENERGY: tl.constexpr,  # a gradient of the energies (B, 2H, S) flows back too
         UPCAST: tl.constexpr,  # float32 products: the interpreter's bfloat16 dot is wrong (numpy has no bfloat16)
         BLOCK_M: tl.constexpr,
         BLOCK_K: tl.constexpr,
@@ -164,27 +258,10 @@ if triton is not None:
         p_ok = cols_p < P
         s_ok = cols_s < S
         # the projection tile, recomputed as in the forward (never stored)
-        acc = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
-        for k0 in range(0, C, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            k_ok = ks < C
-            xt = tl.load(
-                x_ptr + b * sxb + rows[:, None] * sxn + ks[None, :] * sxc,
-                mask=row_ok[:, None] & k_ok[None, :],
-                other=0.0,
-            )
-            wt = tl.load(
-                w_ptr + (g * P + cols_p)[None, :] * sw0 + ks[:, None] * sw1,
-                mask=k_ok[:, None] & p_ok[None, :],
-                other=0.0,
-            )
-            if UPCAST:
-                acc += tl.dot(xt.to(tl.float32), wt.to(tl.float32))
-            else:
-                acc += tl.dot(xt, wt.to(xt.dtype))
-        if HAS_BIAS:
-            bias = tl.load(b_ptr + g * P + cols_p, mask=p_ok, other=0.0)
-            acc += bias[None, :].to(tl.float32)
+        acc, m = _project(
+            x_ptr, w_ptr, b_ptr, m_ptr, carry_ptr, ccount_ptr, b, pid_m, g, N, C, P, T, sxb, sxn, sxc, sw0, sw1,
+            rows, cols_p, row_ok, p_ok, HAS_BIAS, HAS_MASK, CAUSAL, UPCAST, BLOCK_M, BLOCK_K, BLOCK_P,
+        )  # fmt: skip
         nrm = tl.sqrt(tl.sum(acc * acc, axis=1))
         inv = 1.0 / tl.maximum(nrm, eps)
         we = tl.load(
@@ -198,6 +275,10 @@ if triton is not None:
             mask=row_ok[:, None] & s_ok[None, :],
             other=0.0,
         ).to(tl.float32)
+        if ENERGY:
+            # energy_s = sum_t m_t score_ts^2: d energy / d score = 2 m score
+            ge = tl.load(ge_ptr + (b * 2 * H + g) * S + cols_s, mask=s_ok, other=0.0)  # (BLOCK_S,)
+            go += 2.0 * (u * inv[:, None]) * m[:, None] * ge[None, :]
         du = go * inv[:, None]  # d(scores)/d(u) = inv
         d_inv = tl.sum(go * u, axis=1)  # (BLOCK_M,)
         # inv = 1 / max(||acc||, eps): d inv / d acc = -acc inv^3 where the norm is above eps, else 0
@@ -222,15 +303,36 @@ def _pow2(n: int, low: int = 16) -> int:
     return max(low, 1 << (max(n, 1) - 1).bit_length())
 
 
-def _launch_args(
-    x: Tensor, qk_weight: Tensor, qk_bias: Tensor | None, w: Tensor
-) -> tuple[tuple, tuple, dict[str, Any]]:
-    """What both kernels take alike: the weights as ``(B or 1, 2H, P, S)``, the leading pointer / size / stride
-    arguments, and the compile-time constants."""
+@dataclass
+class _Launch:
+    """What both kernels take alike: the leading pointers, the sizes, the strides and the compile-time constants.
+    ``mask`` is the float32 ``(B, N)`` real-token weights, or None; ``carry`` / ``count`` the causal prologue's
+    per-tile carry ``(B, T, C)`` and real tokens before each tile ``(B, T)`` (None when not causal)."""
+
+    pointers: tuple[Tensor, ...]
+    sizes: tuple[int, ...]
+    strides: tuple[int, ...]
+    meta: dict[str, Any]
+    tiles: int
+
+
+def _launch(
+    x: Tensor,
+    qk_weight: Tensor,
+    qk_bias: Tensor | None,
+    w: Tensor,
+    mask: Tensor | None,
+    carry: tuple[Tensor, Tensor] | None,
+    energy: bool,
+) -> _Launch:
     B, N, C = x.shape
     H, P, S = w.shape[-3:]
     wes = w.reshape(-1, 2 * H, P, S) if w.dim() == 5 else w.reshape(1, 2 * H, P, S)  # (B or 1, 2H, P, S)
     bias = qk_bias if qk_bias is not None else qk_weight  # a valid pointer, unread when HAS_BIAS is False
+    block_m = _block_m(N)
+    tiles = triton.cdiv(N, block_m)
+    # unread pointers where their feature is off (the constexpr flags drop the loads)
+    sums, count = carry if carry is not None else (x, x)
     strides = (
         x.stride(0), x.stride(1), x.stride(2),
         qk_weight.stride(0), qk_weight.stride(1),
@@ -238,13 +340,43 @@ def _launch_args(
     )  # fmt: skip
     meta = {
         "HAS_BIAS": qk_bias is not None,
+        "HAS_MASK": mask is not None,
+        "CAUSAL": carry is not None,
+        "ENERGY": energy,
         "UPCAST": _interpreting() and x.dtype == torch.bfloat16,
-        "BLOCK_M": 64 if N >= 64 else _pow2(N),
-        "BLOCK_K": 32,
+        "BLOCK_M": block_m,
+        "BLOCK_K": BLOCK_K,
         "BLOCK_P": _pow2(P),
         "BLOCK_S": _pow2(S),
     }
-    return (x, qk_weight, bias, wes), strides, meta
+    pointers = (x, qk_weight, bias, wes, mask if mask is not None else x, sums, count)
+    return _Launch(pointers, (N, C, H, P, S, tiles), strides, meta, tiles)
+
+
+def _block_m(n: int) -> int:
+    return 64 if n >= 64 else _pow2(n)
+
+
+def _causal_carry(x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    """The causal prologue's carry: per row tile, the float32 sums of ``mask * x`` over every tile before it
+    ``(B, T, C)``, and (masked) the real tokens before it ``(B, T)``: one reduction kernel and a scan over the T tile
+    totals, so that the ``(B, N, C)`` prefix means are never written."""
+    B, N, C = x.shape
+    block_m = _block_m(N)
+    tiles = triton.cdiv(N, block_m)
+    sums = torch.empty(B, tiles, C, device=x.device, dtype=torch.float32)
+    count = torch.empty(B, tiles, device=x.device, dtype=torch.float32)
+    _tile_sums[(tiles, triton.cdiv(C, BLOCK_K), B)](
+        x, mask if mask is not None else x, sums, count,
+        N, C, x.stride(0), x.stride(1), x.stride(2),
+        HAS_MASK=mask is not None, BLOCK_M=block_m, BLOCK_K=BLOCK_K,
+    )  # fmt: skip
+    carry = torch.zeros_like(sums)  # (B, T, C): exclusive prefix sums of the tile totals
+    carry[:, 1:] = prefix_sum(sums[:, :-1])
+    before = torch.zeros_like(count)  # (B, T)
+    if mask is not None:
+        before[:, 1:] = count[:, :-1].cumsum(1)  # integer-valued float32: exact below 2^24 tokens
+    return carry, before
 
 
 def _forward(
@@ -253,60 +385,84 @@ def _forward(
     qk_bias: Tensor | None,
     w: Tensor,
     eps: float,
-    out: tuple[Tensor, Tensor] | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Launch the kernel: scores ``(B, N, H, 2, s)`` in x's dtype and ``inv`` ``(B, N, 2, H)`` float32 (into the
-    contiguous buffers ``out`` when given: the tests poison them to see that every element is written)."""
+    mask: Tensor | None = None,
+    carry: tuple[Tensor, Tensor] | None = None,
+    energy: bool = False,
+    out: tuple[Tensor, Tensor, Tensor] | None = None,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Launch the forward kernel: scores ``(B, N, H, 2, s)`` in x's dtype, ``inv`` ``(B, N, 2, H)`` float32 and,
+    with ``energy``, the per-tile energy shares ``(B, T, 2, H, s)`` float32 (into the contiguous buffers ``out``
+    when given: the tests poison them to see that every element is written)."""
     B, N, C = x.shape
     H, P, S = w.shape[-3:]
-    pointers, strides, meta = _launch_args(x, qk_weight, qk_bias, w)
-    # g = (query-or-key) * H + head indexes the fused weight's row blocks; the scores are stored per (head, q|k)
+    la = _launch(x, qk_weight, qk_bias, w, mask, carry, energy)
     if out is None:
         scores = torch.empty(B, N, H, 2, S, device=x.device, dtype=x.dtype)
         inv = torch.empty(B, N, 2, H, device=x.device, dtype=torch.float32)
+        shares = torch.empty(B, la.tiles, 2, H, S, device=x.device, dtype=torch.float32) if energy else None
     else:
-        scores, inv = out
-    # inv (B, N, 2, H) contiguous: g = t * H + h is its flat (q|k, head) index
-    grid = (triton.cdiv(N, meta["BLOCK_M"]), 2 * H, B)
-    _scores_fwd[grid](
-        *pointers, scores, inv,
-        N, C, H, P, S,
-        *strides,
+        scores, inv, shares = out
+    # g = (query-or-key) * H + head indexes the fused weight's row blocks; the scores are stored per (head, q|k);
+    # inv (B, N, 2, H) and the shares (B, T, 2, H, s) are contiguous, so g is their flat (q|k, head) index
+    _scores_fwd[(la.tiles, 2 * H, B)](
+        *la.pointers, scores, inv, shares if energy else inv,
+        *la.sizes,
+        *la.strides,
         scores.stride(0), scores.stride(1), scores.stride(3), scores.stride(2), scores.stride(4),
         inv.stride(0), inv.stride(1), inv.stride(3),
         eps,
-        **meta,
+        **la.meta,
     )  # fmt: skip
-    return scores, inv
+    return scores, inv, shares
 
 
 def _backward(
-    grad: Tensor, x: Tensor, qk_weight: Tensor, qk_bias: Tensor | None, w: Tensor, eps: float, needs: tuple[bool, ...]
+    grad: Tensor,
+    grad_energy: Tensor | None,
+    x: Tensor,
+    qk_weight: Tensor,
+    qk_bias: Tensor | None,
+    w: Tensor,
+    eps: float,
+    mask: Tensor | None,
+    carry: tuple[Tensor, Tensor] | None,
+    needs: tuple[bool, ...],
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
-    """The gradients from the fused backward kernel: it recomputes each projection tile, writes ``d[Q, K]``
-    ``(B, N, 2 H p)`` and per-tile shares of ``dW`` (summed here, in a fixed order); two GEMMs give ``dx`` and
-    ``dW_qk``."""
+    """The gradients from the fused backward kernel: it recomputes each projection tile (with the causal prologue),
+    writes ``d[Q, K]`` ``(B, N, 2 H p)`` and per-tile shares of ``dW`` (summed here, in a fixed order); two GEMMs
+    give ``dx`` and ``dW_qk`` (causal: through the prefix means, with a reversed scan)."""
     B, N, C = x.shape
     H, P, S = w.shape[-3:]
-    pointers, strides, meta = _launch_args(x, qk_weight, qk_bias, w)
+    la = _launch(x, qk_weight, qk_bias, w, mask, carry, grad_energy is not None)
     grad = grad.contiguous()
-    tiles = triton.cdiv(N, meta["BLOCK_M"])
+    ge = grad_energy.contiguous() if grad_energy is not None else grad  # (B, 2, H, s); unread without
     # d[Q, K] in the input's dtype: the two GEMMs below then run on the tensor cores, as autograd's would
     dqk = torch.empty(B, N, 2 * H * P, device=x.device, dtype=x.dtype)
-    dwes = torch.empty(B, tiles, 2 * H, P, S, device=x.device, dtype=torch.float32)
-    _scores_bwd[(tiles, 2 * H, B)](
-        *pointers, grad, dqk, dwes,
-        N, C, H, P, S, tiles,
-        *strides,
+    dwes = torch.empty(B, la.tiles, 2 * H, P, S, device=x.device, dtype=torch.float32)
+    _scores_bwd[(la.tiles, 2 * H, B)](
+        *la.pointers, grad, ge, dqk, dwes,
+        *la.sizes,
+        *la.strides,
         grad.stride(0), grad.stride(1), grad.stride(3), grad.stride(2), grad.stride(4),
         dqk.stride(0), dqk.stride(1), dqk.stride(2),
         eps,
-        **meta,
+        **la.meta,
     )  # fmt: skip
     need_x, need_wq, need_b, need_w = needs
     flat = dqk.view(B * N, 2 * H * P)  # (B*N, 2HP)
-    gx = (flat @ qk_weight.to(flat.dtype)).view(B, N, C).to(x.dtype) if need_x else None
-    gwq = (flat.T @ x.reshape(B * N, C)).to(qk_weight.dtype) if need_wq else None
+    src = x
+    if carry is not None and need_wq:
+        # the prefix means the kernel formed (and did not store): dW_qk = d[Q, K]^T src
+        src = causal_prefix_mean(x, None if mask is None else mask.bool())
+    gx = (flat @ qk_weight.to(flat.dtype)).view(B, N, C) if need_x else None  # (B, N, C): d src
+    if gx is not None and carry is not None:
+        # src_i = sum_{j <= i} m_j x_j / c_i, so dx_j = m_j sum_{i >= j} dsrc_i / c_i: a scan from the end
+        m = mask if mask is not None else x.new_ones(B, N, dtype=torch.float32)  # (B, N)
+        count = m.cumsum(1).clamp_min(1.0)  # (B, N): integer-valued float32
+        per = gx.float() / count[..., None]  # (B, N, C)
+        gx = prefix_sum(per.flip(1)).flip(1) * m[..., None]
+    gx = gx.to(x.dtype) if gx is not None else None
+    gwq = (flat.T @ src.reshape(B * N, C)).to(qk_weight.dtype) if need_wq else None
     gb = flat.float().sum(0).to(qk_bias.dtype) if need_b and qk_bias is not None else None
     gw = None
     if need_w:
@@ -316,38 +472,98 @@ def _backward(
 
 
 class PrimalScores(torch.autograd.Function):
-    """Scores by the forward kernel; gradients by the backward kernel (the projection recomputed per tile) and two
-    GEMMs. Saves the inputs only."""
+    """Scores (and energies) by the forward kernel; gradients by the backward kernel (the projection recomputed per
+    tile) and two GEMMs. Saves the inputs, and the causal carry ``(B, T, C)`` (``1 / BLOCK_M`` of the tokens)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, qk_weight: Tensor, qk_bias: Tensor | None, w: Tensor, eps: float) -> Tensor:
-        scores, _ = _forward(x, qk_weight, qk_bias, w, eps)
-        ctx.save_for_backward(x, qk_weight, qk_bias if qk_bias is not None else x.new_empty(0), w)
-        ctx.has_bias, ctx.eps = qk_bias is not None, eps
-        return scores
+    def forward(
+        ctx: Any,
+        x: Tensor,
+        qk_weight: Tensor,
+        qk_bias: Tensor | None,
+        w: Tensor,
+        mask: Tensor | None,
+        causal: bool,
+        energy: bool,
+        eps: float,
+    ) -> tuple[Tensor, Tensor]:
+        carry = _causal_carry(x, mask) if causal else None
+        scores, _, shares = _forward(x, qk_weight, qk_bias, w, eps, mask, carry, energy)
+        B, H, S = x.shape[0], w.shape[-3], w.shape[-1]
+        energies = shares.sum(1) if energy else x.new_zeros(B, 2, H, S, dtype=torch.float32)  # (B, 2, H, s)
+        if not energy:
+            ctx.mark_non_differentiable(energies)
+        empty = x.new_empty(0)
+        ctx.save_for_backward(
+            x, qk_weight, qk_bias if qk_bias is not None else empty, w, mask if mask is not None else empty,
+            *(carry if carry is not None else (empty, empty)),
+        )  # fmt: skip
+        ctx.flags = (qk_bias is not None, mask is not None, causal, energy)
+        ctx.eps = eps
+        return scores, energies
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        x, qk_weight, qk_bias, w = ctx.saved_tensors
+    def backward(ctx: Any, grad: Tensor, grad_energy: Tensor) -> tuple[Tensor | None, ...]:
+        x, qk_weight, qk_bias, w, mask, sums, count = ctx.saved_tensors
+        has_bias, has_mask, causal, energy = ctx.flags
         gx, gwq, gb, gw = _backward(
-            grad, x, qk_weight, qk_bias if ctx.has_bias else None, w, ctx.eps, tuple(ctx.needs_input_grad[:4])
+            grad,
+            grad_energy if energy else None,
+            x,
+            qk_weight,
+            qk_bias if has_bias else None,
+            w,
+            ctx.eps,
+            mask if has_mask else None,
+            (sums, count) if causal else None,
+            tuple(ctx.needs_input_grad[:4]),
         )
-        return gx, gwq, gb, gw, None
+        return gx, gwq, gb, gw, None, None, None, None
 
 
-def primal_scores_triton(x: Tensor, qk_weight: Tensor, qk_bias: Tensor | None, w: Tensor, eps: float = 1e-12) -> Tensor:
+def primal_scores_triton(
+    x: Tensor,
+    qk_weight: Tensor,
+    qk_bias: Tensor | None,
+    w: Tensor,
+    eps: float = 1e-12,
+    *,
+    mask: Tensor | None = None,
+    causal: bool = False,
+    energies: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     """Token-major scores ``(B, N, H, 2, s)``, as ``primal_scores_from_input(...)[0]``, from the fused kernel.
 
     Args:
-        x: ``(B, N, C)`` layer input (prefix means of it for the causal layer).
+        x: ``(B, N, C)`` layer input.
         qk_weight: ``(2 H p, C)``; qk_bias: ``(2 H p,)`` or None.
         w: ``(B, 2, H, p, s)`` data-dependent or ``(2, H, p, s)`` weights.
         eps: zero-norm guard.
+        mask: ``(B, N)`` bool, True = real token: padded tokens are left out of the causal prefix means and of the
+            energies (None: every token counts). The scores of padded tokens are computed all the same.
+        causal: score the prefix means of ``x`` (:func:`~primaldual.functional.primal.causal_prefix_mean`), formed
+            in the kernel's prologue.
+        energies: also return ``sum_t m_t score_t^2`` per (q|k, head, component), ``(B, 2, H, s)`` float32: the
+            sums the KSVD term is built from, reduced per tile in the kernel (differentiable).
+
+    Returns:
+        The scores, or ``(scores, energies)`` with ``energies``.
 
     Raises:
         RuntimeError: the kernel cannot run here (:func:`triton_unavailable_reason` says why).
+        ValueError: ``mask`` is not a ``(B, N)`` bool tensor on x's device.
     """
     reason = triton_unavailable_reason(x)
     if reason is not None:
         raise RuntimeError(f"the primal score kernel cannot run: {reason}")
-    return PrimalScores.apply(x.contiguous(), qk_weight.contiguous(), qk_bias, w.contiguous(), float(eps))
+    if mask is not None:
+        if mask.dtype != torch.bool or tuple(mask.shape) != tuple(x.shape[:2]) or mask.device != x.device:
+            raise ValueError(
+                f"mask: expected a bool tensor of shape {tuple(x.shape[:2])} on {x.device}, got {mask.dtype} "
+                f"{tuple(mask.shape)} on {mask.device}"
+            )
+        mask = mask.to(torch.float32).contiguous()  # (B, N) 1.0 / 0.0
+    scores, sums = PrimalScores.apply(
+        x.contiguous(), qk_weight.contiguous(), qk_bias, w.contiguous(), mask, bool(causal), bool(energies), float(eps)
+    )
+    return (scores, sums) if energies else scores

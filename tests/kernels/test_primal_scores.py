@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import primaldual as pd
-from primaldual.functional.primal import primal_scores_from_input
+from primaldual.functional.primal import causal_prefix_mean, primal_scores_from_input
 from tests.conftest import rel_err
 
 triton = pytest.importorskip("triton", reason="the kernels extra (triton) is not installed")
@@ -77,41 +77,109 @@ def test_zero_rows_follow_the_eps_clamp():
         assert torch.isfinite(got).all() and rel_err(got, want) < TOL
 
 
-def test_every_output_element_is_written():
+def _reference(x, wq, b, w, mask, causal):
+    """Scores and energies ``(B, 2, H, s)`` from the PyTorch score path."""
+    src = causal_prefix_mean(x, mask) if causal else x
+    scores = primal_scores_from_input(src, wq, b, w)[0]  # (B, N, H, 2, s)
+    m = torch.ones(x.shape[:2], device=x.device) if mask is None else mask.to(scores.dtype)
+    energies = torch.einsum("bn,bnhts->bths", m, scores.square())  # (B, 2, H, s)
+    return scores, energies
+
+
+def _padded(B, N, device):
+    """Left padding on sample 0 (the first tokens have no real token before them), right padding on the last."""
+    mask = torch.ones(B, N, dtype=torch.bool, device=device)
+    mask[0, :7] = False
+    mask[-1, N - 9 :] = False
+    mask[-1, 3] = False  # and a hole
+    return mask
+
+
+@pytest.mark.parametrize(
+    "B,N,C,H,P,S,dependent,bias,causal,masked",
+    [
+        (2, 150, 24, 2, 8, 5, False, True, True, False),  # three row tiles: the carry crosses two boundaries
+        (2, 150, 24, 2, 8, 5, True, True, True, True),  # and with padding (counts carried too)
+        (2, 37, 40, 3, 8, 3, True, False, True, True),  # one tile; C over one BLOCK_K step
+        (2, 70, 24, 2, 12, 4, False, True, False, True),  # non-causal: the mask enters the energies only
+        (1, 5, 16, 2, 8, 3, False, False, False, False),
+    ],
+)
+def test_causal_prologue_and_energies_match_the_score_path(B, N, C, H, P, S, dependent, bias, causal, masked):
+    """Scores and energies, and every gradient through both, against prefix means + score path + masked squares."""
+    torch.manual_seed(5)
+    x = torch.randn(B, N, C, device=DEV, requires_grad=True)
+    wq = torch.randn(2 * H * P, C, device=DEV, requires_grad=True)
+    b = torch.randn(2 * H * P, device=DEV, requires_grad=True) if bias else None
+    w = torch.randn(*((B,) if dependent else ()), 2, H, P, S, device=DEV, requires_grad=True)
+    mask = _padded(B, N, DEV) if masked else None
+    out, energies = ks.primal_scores_triton(x, wq, b, w, mask=mask, causal=causal, energies=True)
+    ref, ref_energies = _reference(x, wq, b, w, mask, causal)
+    assert out.shape == ref.shape and energies.shape == ref_energies.shape == (B, 2, H, S)
+    assert energies.dtype == torch.float32
+    assert rel_err(out, ref) < TOL and rel_err(energies, ref_energies) < TOL
+    if not causal:
+        assert rel_err(ks.primal_scores_triton(x, wq, b, w, mask=mask), ref) < TOL  # scores alone: the same
+    g, ge = torch.randn_like(ref), torch.randn_like(ref_energies)
+    params = [x, wq, w] + ([b] if bias else [])
+    got = torch.autograd.grad((out * g).sum() + (energies * ge).sum(), params)
+    want = torch.autograd.grad((ref * g).sum() + (ref_energies * ge).sum(), params)
+    for a, c in zip(got, want):
+        assert rel_err(a, c) < TOL
+    if masked and causal:  # a padded token is in no prefix mean: its input's gradient is zero
+        assert got[0][~mask].abs().max() == 0
+
+
+def test_the_mask_is_checked():
+    x, wq, w = torch.randn(2, 9, 16, device=DEV), torch.randn(32, 16, device=DEV), torch.randn(2, 2, 8, 3, device=DEV)
+    with pytest.raises(ValueError, match=r"mask: expected a bool tensor of shape \(2, 9\)"):
+        ks.primal_scores_triton(x, wq, None, w, mask=torch.ones(2, 9, device=DEV))
+    with pytest.raises(ValueError, match=r"mask: expected a bool tensor of shape \(2, 9\)"):
+        ks.primal_scores_triton(x, wq, None, w, mask=torch.ones(2, 8, dtype=torch.bool, device=DEV))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_output_element_is_written(causal):
     torch.manual_seed(1)
-    B, N, C, H, P, S = 2, 19, 16, 2, 8, 3
+    B, N, C, H, P, S = 2, 83, 16, 2, 8, 3
     x, wq, w = (
         torch.randn(B, N, C, device=DEV),
         torch.randn(2 * H * P, C, device=DEV),
         torch.randn(2, H, P, S, device=DEV),
     )
+    mask = _padded(B, N, DEV)
+    m = mask.float()
+    tiles = -(-N // 64)
     scores = torch.full((B, N, H, 2, S), float("nan"), device=DEV)
     inv = torch.full((B, N, 2, H), float("nan"), device=DEV)
-    ks._forward(x, wq, None, w, 1e-12, out=(scores, inv))
-    assert torch.isfinite(scores).all() and torch.isfinite(inv).all()
-    ref = primal_scores_from_input(x, wq, None, w)[0]
-    assert rel_err(scores, ref) < TOL
-    norms = torch.linalg.vector_norm((x @ wq.T).view(B, N, 2, H, P), dim=-1)
-    assert rel_err(inv, norms.reciprocal()) < TOL
+    shares = torch.full((B, tiles, 2, H, S), float("nan"), device=DEV)
+    carry = ks._causal_carry(x, m) if causal else None
+    ks._forward(x, wq, None, w, 1e-12, m, carry, True, out=(scores, inv, shares))
+    assert torch.isfinite(scores).all() and torch.isfinite(inv).all() and torch.isfinite(shares).all()
+    ref, ref_energies = _reference(x, wq, None, w, mask, causal)
+    assert rel_err(scores, ref) < TOL and rel_err(shares.sum(1), ref_energies) < TOL
+    src = causal_prefix_mean(x, mask) if causal else x
+    norms = torch.linalg.vector_norm((src @ wq.T).view(B, N, 2, H, P), dim=-1)
+    assert rel_err(inv, norms.clamp_min(1e-12).reciprocal()) < TOL  # left padding, causal: no token yet
 
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("masked", [False, True])
-def test_layer_with_the_kernel_equals_the_layer_without(causal, masked, monkeypatch):
-    """Output, KSVD term and every parameter's gradient of PrimalAttention(kernel="triton") against the default."""
+@pytest.mark.parametrize("reduction", ["global", "sample"])
+def test_layer_with_the_kernel_equals_the_layer_without(causal, masked, reduction, monkeypatch):
+    """Output, KSVD term (built from the kernel's energies) and every parameter's gradient of
+    PrimalAttention(kernel="triton") against the default."""
     calls = []
     kernel = ks.primal_scores_triton
     monkeypatch.setattr(ks, "primal_scores_triton", lambda *a, **k: calls.append(1) or kernel(*a, **k))
     torch.manual_seed(2)
-    ref = pd.build_attention("primal", 16, 2, causal=causal, s=3, n=6 if not causal else None, path="scores").to(DEV)
-    fused = pd.build_attention("primal", 16, 2, causal=causal, s=3, n=6 if not causal else None, kernel="triton")
+    opts = {"causal": causal, "s": 3, "n": 6 if not causal else None, "ksvd_reduction": reduction}
+    ref = pd.build_attention("primal", 16, 2, path="scores", **opts).to(DEV)
+    fused = pd.build_attention("primal", 16, 2, kernel="triton", **opts)
     fused = fused.to(DEV)
     fused.load_state_dict(ref.state_dict())
     x = torch.randn(2, 21, 16, device=DEV)
-    mask = None
-    if masked:
-        mask = torch.ones(2, 21, dtype=torch.bool, device=DEV)
-        mask[1, 15:] = False
+    mask = _padded(2, 21, DEV) if masked else None
     outs = []
     for layer in (ref, fused):
         layer.train()
@@ -124,6 +192,9 @@ def test_layer_with_the_kernel_equals_the_layer_without(causal, masked, monkeypa
     assert rel_err(y1, y0) < TOL and rel_err(t1, t0) < 10 * TOL
     for a, b in zip(g1, g0):
         assert rel_err(a, b) < 10 * TOL
+    with torch.no_grad():  # no KSVD term recorded: the kernel runs without its energies
+        assert rel_err(fused.eval()(x, mask), ref.eval()(x, mask)) < TOL
+    assert calls == [1, 1]
 
 
 def test_the_fallback_is_one_named_warning(monkeypatch):
