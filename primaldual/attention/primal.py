@@ -204,7 +204,8 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
             (:mod:`primaldual.kernels.primal_scores`; the ``kernels`` extra), on a CUDA device or under
             ``TRITON_INTERPRET=1``. It replaces the score paths (and, with ``path="auto"``, is preferred to the
             rotated basis); where it cannot run, the layer warns once (``RuntimeWarning``, naming the cause) and
-            uses the PyTorch score path. Off by default until the GPU figures justify it (docs/benchmarks.md 6).
+            uses the PyTorch score path. With ``compile=True`` the kernel is one opaque operator in the compiled core,
+            and the compiler fuses the work around it (the output map, the KSVD term, the casts). Off by default until the GPU figures justify it (docs/benchmarks.md 6).
         thresholds: where ``path="auto"`` switches to the rotated basis: a
             :class:`~primaldual.functional.primal_rotated.RotatedThresholds`, or a mapping of its fields (from a
             config file; the fields left out keep their defaults); None: the defaults. Unused by the other paths.
@@ -250,8 +251,6 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         check_choice("kernel", kernel, KERNELS)
         if kernel == "triton" and path == "rotated":
             raise ValueError("kernel='triton' computes the score path; it cannot serve path='rotated'")
-        if kernel == "triton" and compile:
-            raise ValueError("kernel='triton' and compile=True: choose one (the kernel is not traced by torch.compile)")
         thresholds = _check_thresholds(thresholds)
         if data_dependent is not None:
             check_bool("data_dependent", data_dependent)
@@ -466,16 +465,18 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         p: dict[str, Tensor | None],
         ksvd: bool,
         rotated: bool | None = None,
+        kernel: bool | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Input ``(B, N, C)`` -> output ``(B, N, C)`` (before dropout) and the KSVD term (None if not ``ksvd``).
 
         A pure function of its arguments and the layer's options (no recording, no hooks): the region that
         ``compile=True`` compiles. ``rotated`` overrides the choice of :meth:`_rotated`, so that the eager check of a
-        compiled core (run without gradients) evaluates as the compiled graph did."""
+        compiled core (run without gradients) evaluates as the compiled graph did; ``kernel`` overrides
+        :meth:`_use_kernel` (decided before a compiled call: the fused kernel is one opaque operator in its graph)."""
         B, N, _ = x.shape
         exact_mask = mask if self.padding == "exact" else None
         w = self._weights(x, mask, p)
-        if self._use_kernel(x):  # the prefix means and the KSVD energies are formed inside the kernel
+        if self._use_kernel(x) if kernel is None else kernel:  # prefix means and KSVD energies: in the kernel
             scores, term = self._kernel_scores(x, exact_mask, w, p, ksvd)
         else:
             src = causal_prefix_mean(x, exact_mask) if self.causal else x  # (B, N, C)
@@ -515,18 +516,19 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
     ) -> tuple[Tensor, Tensor | None]:
         if not self.compile_core or self._compile_state == "eager" or torch.compiler.is_compiling():
             return self._core(x, mask, p, ksvd)
+        kernel = self._use_kernel(x)  # outside the trace: it may warn, once
         if self._compile_state == "ok":
-            return _compiled_core()(self, x, mask, p, ksvd)
+            return _compiled_core()(self, x, mask, p, ksvd, kernel=kernel)
         # first call: compile, and compare with eager before trusting it
         try:
-            out, term = _compiled_core()(self, x, mask, p, ksvd)
+            out, term = _compiled_core()(self, x, mask, p, ksvd, kernel=kernel)
         except Exception as err:  # noqa: BLE001 - any compiler failure falls back, with the cause named
             return self._compile_fallback(
                 f"compilation failed ({type(err).__name__}: {str(err).splitlines()[0]})", x, mask, p, ksvd
             )
         rotated = self._rotated(x, p, compiled=True)  # the compiled graph's choice, taken before no_grad changes it
         with torch.no_grad():
-            ref_out, ref_term = self._core(x, mask, p, ksvd, rotated=rotated)
+            ref_out, ref_term = self._core(x, mask, p, ksvd, rotated=rotated, kernel=kernel)
         bad = _disagreement(out.detach(), ref_out) or (None if term is None else _disagreement(term.detach(), ref_term))
         if bad:
             return self._compile_fallback(f"the compiled core disagrees with eager ({bad})", x, mask, p, ksvd)

@@ -17,7 +17,7 @@ Here one program takes ``BLOCK_M`` tokens of one sample and one (query-or-key, h
 So neither the ``(B, N, 2C)`` projection nor the ``(B, N, C)`` prefix means are written or read: per token the
 kernel moves C inputs in and ``2 H s`` scores out (plus the weights, once per tile). The causal carry is one small
 reduction kernel over the tiles (``(B, T, C)`` float32, T = N / BLOCK_M) and a scan of its T totals. The backward
-kernel (:class:`PrimalScores` saves the inputs and the carry, not the projection) recomputes each tile the same
+kernel (the operator :data:`primal_scores_op` saves the inputs and the carry, not the projection) recomputes each tile the same
 way, adds the energies' gradient ``2 m scores`` to the scores', then writes ``d[Q, K]`` (chain rule through the
 norms and the per-head products) and one ``(p, s)`` share of ``dW`` per tile, summed afterwards in a fixed order;
 ``dx`` and ``dW_qk`` are two GEMMs on ``d[Q, K]`` (causal: ``dx`` through the prefix means by a scan from the end,
@@ -42,7 +42,7 @@ from torch import Tensor
 from ..functional.primal import causal_prefix_mean
 from ..functional.scan import prefix_sum
 
-__all__ = ["PrimalScores", "primal_scores_triton", "triton_available", "triton_unavailable_reason"]
+__all__ = ["primal_scores_op", "primal_scores_triton", "triton_available", "triton_unavailable_reason"]
 
 try:  # triton is optional (the `kernels` extra)
     import triton
@@ -463,7 +463,8 @@ def _backward(
         gx = prefix_sum(per.flip(1)).flip(1) * m[..., None]
     gx = gx.to(x.dtype) if gx is not None else None
     gwq = (flat.T @ src.reshape(B * N, C)).to(qk_weight.dtype) if need_wq else None
-    gb = flat.float().sum(0).to(qk_bias.dtype) if need_b and qk_bias is not None else None
+    # summed in float32 inside the reduction (no float32 copy of d[Q, K])
+    gb = flat.sum(0, dtype=torch.float32).to(qk_bias.dtype) if need_b and qk_bias is not None else None
     gw = None
     if need_w:
         per_sample = dwes.sum(1)  # (B, 2H, P, S)
@@ -471,54 +472,114 @@ def _backward(
     return gx, gwq, gb, gw
 
 
-class PrimalScores(torch.autograd.Function):
-    """Scores (and energies) by the forward kernel; gradients by the backward kernel (the projection recomputed per
-    tile) and two GEMMs. Saves the inputs, and the causal carry ``(B, T, C)`` (``1 / BLOCK_M`` of the tokens)."""
+_EMPTY = (0,)  # the shape of an output or saved tensor that a call does not use
 
-    @staticmethod
-    def forward(
-        ctx: Any,
-        x: Tensor,
-        qk_weight: Tensor,
-        qk_bias: Tensor | None,
-        w: Tensor,
-        mask: Tensor | None,
-        causal: bool,
-        energy: bool,
-        eps: float,
-    ) -> tuple[Tensor, Tensor]:
-        carry = _causal_carry(x, mask) if causal else None
-        scores, _, shares = _forward(x, qk_weight, qk_bias, w, eps, mask, carry, energy)
-        B, H, S = x.shape[0], w.shape[-3], w.shape[-1]
-        energies = shares.sum(1) if energy else x.new_zeros(B, 2, H, S, dtype=torch.float32)  # (B, 2, H, s)
-        if not energy:
-            ctx.mark_non_differentiable(energies)
-        empty = x.new_empty(0)
-        ctx.save_for_backward(
-            x, qk_weight, qk_bias if qk_bias is not None else empty, w, mask if mask is not None else empty,
-            *(carry if carry is not None else (empty, empty)),
-        )  # fmt: skip
-        ctx.flags = (qk_bias is not None, mask is not None, causal, energy)
-        ctx.eps = eps
-        return scores, energies
 
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor, grad_energy: Tensor) -> tuple[Tensor | None, ...]:
-        x, qk_weight, qk_bias, w, mask, sums, count = ctx.saved_tensors
-        has_bias, has_mask, causal, energy = ctx.flags
-        gx, gwq, gb, gw = _backward(
-            grad,
-            grad_energy if energy else None,
-            x,
-            qk_weight,
-            qk_bias if has_bias else None,
-            w,
-            ctx.eps,
-            mask if has_mask else None,
-            (sums, count) if causal else None,
-            tuple(ctx.needs_input_grad[:4]),
-        )
-        return gx, gwq, gb, gw, None, None, None, None
+def _scores_op(
+    x: Tensor,
+    qk_weight: Tensor,
+    qk_bias: Tensor | None,
+    w: Tensor,
+    mask: Tensor | None,
+    causal: bool,
+    energy: bool,
+    eps: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The forward as one operator: scores ``(B, N, H, 2, s)``, energies ``(B, 2, H, s)`` float32 (empty without
+    ``energy``) and the causal carry ``(B, T, C)`` / ``(B, T)`` (empty when not causal; saved for the backward)."""
+    carry = _causal_carry(x, mask) if causal else None
+    scores, _, shares = _forward(x, qk_weight, qk_bias, w, eps, mask, carry, energy)
+    f32 = {"device": x.device, "dtype": torch.float32}
+    energies = shares.sum(1) if energy else torch.empty(_EMPTY, **f32)  # (B, 2, H, s): the tiles in a fixed order
+    sums, count = carry if carry is not None else (torch.empty(_EMPTY, **f32), torch.empty(_EMPTY, **f32))
+    return scores, energies, sums, count
+
+
+def _scores_fake(
+    x: Tensor,
+    qk_weight: Tensor,
+    qk_bias: Tensor | None,
+    w: Tensor,
+    mask: Tensor | None,
+    causal: bool,
+    energy: bool,
+    eps: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    B, N, C = x.shape
+    H, S = w.shape[-3], w.shape[-1]
+    tiles = (N + _block_m(N) - 1) // _block_m(N)
+    f32 = {"device": x.device, "dtype": torch.float32}
+    return (
+        x.new_empty(B, N, H, 2, S),
+        torch.empty((B, 2, H, S) if energy else _EMPTY, **f32),
+        torch.empty((B, tiles, C) if causal else _EMPTY, **f32),
+        torch.empty((B, tiles) if causal else _EMPTY, **f32),
+    )
+
+
+def _grads_op(
+    grad: Tensor,
+    grad_energy: Tensor | None,
+    x: Tensor,
+    qk_weight: Tensor,
+    qk_bias: Tensor | None,
+    w: Tensor,
+    mask: Tensor | None,
+    sums: Tensor,
+    count: Tensor,
+    causal: bool,
+    eps: float,
+    needs: list[bool],
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The backward as one operator: the gradients of x, the qk weight, its bias and w (empty where not needed)."""
+    grads = _backward(
+        grad, grad_energy, x, qk_weight, qk_bias, w, eps, mask, (sums, count) if causal else None, tuple(needs)
+    )
+    return tuple(g if g is not None else x.new_empty(_EMPTY) for g in grads)
+
+
+def _grads_fake(
+    grad: Tensor,
+    grad_energy: Tensor | None,
+    x: Tensor,
+    qk_weight: Tensor,
+    qk_bias: Tensor | None,
+    w: Tensor,
+    mask: Tensor | None,
+    sums: Tensor,
+    count: Tensor,
+    causal: bool,
+    eps: float,
+    needs: list[bool],
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    like = (x, qk_weight, qk_bias, w)
+    return tuple(t.new_empty(t.shape) if n and t is not None else x.new_empty(_EMPTY) for t, n in zip(like, needs))
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
+    x, qk_weight, qk_bias, w, mask, causal, energy, eps = inputs
+    _, _, sums, count = output
+    ctx.save_for_backward(x, qk_weight, qk_bias, w, mask, sums, count)
+    ctx.causal, ctx.energy, ctx.eps = causal, energy, eps
+
+
+def _grads(ctx: Any, grad: Tensor | None, grad_energy: Tensor | None, *_: Tensor | None) -> tuple[Tensor | None, ...]:
+    x, qk_weight, qk_bias, w, mask, sums, count = ctx.saved_tensors
+    needs = [bool(n) and t is not None for n, t in zip(ctx.needs_input_grad[:4], (x, qk_weight, qk_bias, w))]
+    if grad is None:  # only the energies were used
+        grad = torch.zeros(*x.shape[:2], *w.shape[-3:-2], 2, w.shape[-1], device=x.device, dtype=x.dtype)
+    ge = grad_energy if ctx.energy and grad_energy is not None else None
+    out = primal_scores_grads(grad, ge, x, qk_weight, qk_bias, w, mask, sums, count, ctx.causal, ctx.eps, needs)
+    return (*(g if n else None for g, n in zip(out, needs)), None, None, None, None)
+
+
+# Registered as operators (opaque to torch.compile, which fuses the work around them), with
+# shapes for tracing and the backward kernel as their gradient.
+primal_scores_op = torch.library.custom_op("primaldual::primal_scores", _scores_op, mutates_args=())
+primal_scores_op.register_fake(_scores_fake)
+primal_scores_grads = torch.library.custom_op("primaldual::primal_scores_grads", _grads_op, mutates_args=())
+primal_scores_grads.register_fake(_grads_fake)
+primal_scores_op.register_autograd(_grads, setup_context=_setup_context)
 
 
 def primal_scores_triton(
@@ -563,7 +624,7 @@ def primal_scores_triton(
                 f"{tuple(mask.shape)} on {mask.device}"
             )
         mask = mask.to(torch.float32).contiguous()  # (B, N) 1.0 / 0.0
-    scores, sums = PrimalScores.apply(
+    scores, sums, _, _ = primal_scores_op(
         x.contiguous(), qk_weight.contiguous(), qk_bias, w.contiguous(), mask, bool(causal), bool(energies), float(eps)
     )
     return (scores, sums) if energies else scores

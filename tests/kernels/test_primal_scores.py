@@ -216,6 +216,35 @@ def test_options_are_checked():
         pd.build_attention("primal", 16, 2, kernel="cuda")
     with pytest.raises(ValueError, match="cannot serve path='rotated'"):
         pd.build_attention("primal", 16, 2, kernel="triton", path="rotated")
-    with pytest.raises(ValueError, match="choose one"):
-        pd.build_attention("primal", 16, 2, kernel="triton", compile=True)
     assert "kernel='triton'" in repr(pd.build_attention("primal", 16, 2, kernel="triton"))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_kernel_inside_the_compiled_core(causal, monkeypatch):
+    """kernel="triton" with compile=True: the kernel is one operator in the compiled graph (no fallback, no graph
+    break), and output, KSVD term and gradients equal the eager layer's."""
+    calls = []
+    launch = ks._forward
+    monkeypatch.setattr(ks, "_forward", lambda *a, **k: calls.append(1) or launch(*a, **k))
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    torch.manual_seed(6)
+    opts = {"causal": causal, "s": 3, "n": 6 if not causal else None}
+    ref = pd.build_attention("primal", 16, 2, path="scores", **opts).to(DEV)
+    fused = pd.build_attention("primal", 16, 2, kernel="triton", compile=True, **opts).to(DEV)
+    fused.load_state_dict(ref.state_dict())
+    x, mask = torch.randn(2, 21, 16, device=DEV), _padded(2, 21, DEV)
+    outs = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # neither a compile fallback nor a kernel fallback
+        for layer in (ref, fused):
+            y = layer(x, mask)
+            term = pd.collect_aux_loss(layer)
+            (y.square().sum() + term).backward()
+            outs.append((y.detach(), term.detach(), [p.grad.clone() for p in layer.parameters()]))
+    assert fused._compile_state == "ok" and calls  # the kernel ran, inside the compiled core
+    assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
+    (y0, t0, g0), (y1, t1, g1) = outs
+    assert rel_err(y1, y0) < TOL and rel_err(t1, t0) < 10 * TOL
+    for a, b in zip(g1, g0):
+        assert rel_err(a, b) < 10 * TOL
