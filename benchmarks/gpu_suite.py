@@ -19,7 +19,8 @@ Steps, each with a time budget; after every step ``suite.json`` (the environment
    median and minimum of the timed calls, peak memory). ``--causal only|no``, ``--no-compile`` and ``--layers``
    (the mechanisms by label) narrow it.
 3. ``lm_steps``: training steps of ``lm/english/medium/{transformer,primalformer}`` at 4K tokens eager and compiled,
-   then 1K and 256 (``primaldual bench steps``; needs ``primaldual data fetch english``).
+   PrimalFormer with the fused score kernel (eager and compiled), then 1K and 256 (``primaldual bench steps``; needs
+   ``primaldual data fetch english``).
 4. ``decode``: ms per generated token at 1K-64K context, batch 1 and 8, softmax's KV cache (eager) against primal
    and linear states replayed as CUDA graphs (``primaldual bench decode --cuda-graph``, random weights); then
    primal eager at 1K and 64K, batch 1.
@@ -324,19 +325,32 @@ def step_lm_steps(suite: Suite, args: argparse.Namespace) -> None:
         suite.step("lm_steps", {"status": "skipped", "seconds": 0.0, "reason": "--quick: needs the English corpus"})
         return
     runs = []
-    # 4K first, eager and compiled: the comparison issue 44 asks for; then the launch-bound lengths
-    for n, compiled in ((4096, False), (4096, True), (1024, False), (256, False), (1024, True), (256, True)):
+    # 4K first, eager and compiled: the comparison issue 44 asks for; then PrimalFormer with the fused score kernel
+    # (the Transformer has no such option), then the launch-bound lengths
+    cases = [(4096, False, False), (4096, True, False), (4096, False, True), (4096, True, True)]
+    cases += [(1024, False, False), (256, False, False), (1024, True, False), (256, True, False)]
+    for n, compiled, triton in cases:
         left = BUDGETS["lm_steps"] * args.budget_scale - (time.perf_counter() - t0)
         if left <= 0:
             break
-        out = suite.out / "lm_steps" / f"n{n}{'_compiled' if compiled else ''}"
+        name = f"n{n}{'_compiled' if compiled else ''}{'_triton' if triton else ''}"
+        out = suite.out / "lm_steps" / name
+        configs = (
+            ["lm/english/medium/primalformer"]
+            if triton
+            else ["lm/english/medium/transformer", "lm/english/medium/primalformer"]
+        )
+        kernel = ["--set", "model.primal_options.kernel=triton"] if triton else []
         cmd = _cli(
-            "bench", "steps", "lm/english/medium/transformer", "lm/english/medium/primalformer",
+            "bench", "steps", *configs,
             "--device", args.device, "--steps", "5", "--rounds", "3", "--warmup", "2",
-            "--set", f"data.max_len={n}", "--set", f"trainer.compile={str(compiled).lower()}", "--out", str(out),
+            "--set", f"data.max_len={n}", "--set", f"trainer.compile={str(compiled).lower()}", *kernel,
+            "--out", str(out),
         )  # fmt: skip
         code, tail = _run(cmd, left)
-        runs.append({"tokens": n, "compiled": compiled, "exit": code, "out": str(out.relative_to(suite.out))})
+        runs.append(
+            {"tokens": n, "compiled": compiled, "triton": triton, "exit": code, "out": str(out.relative_to(suite.out))}
+        )
         if code != 0:
             runs[-1]["error"] = tail[-500:]
     tables = [str(Path(r["out"]) / "steps.md") for r in runs if r["exit"] == 0]
