@@ -129,8 +129,8 @@ def test_compile_failure_falls_back_to_eager_with_the_cause(monkeypatch):
 
 def test_disagreeing_compiled_result_falls_back(monkeypatch):
     def wrong():
-        def run(self, x, mask, p, ksvd):
-            out, term = PrimalAttention._core(self, x, mask, p, ksvd)
+        def run(self, x, mask, p, ksvd, **kw):
+            out, term = PrimalAttention._core(self, x, mask, p, ksvd, **kw)
             return out + 1.0, term
 
         return run
@@ -168,14 +168,16 @@ def test_the_first_call_check_compares_the_path_the_compiled_graph_takes(monkeyp
     seen = []
     core = PrimalAttention._core
 
-    def spy(self, x, mask, p, ksvd, rotated=None):
+    def spy(self, x, mask, p, ksvd, rotated=None, kernel=None):
         seen.append(rotated)
-        return core(self, x, mask, p, ksvd, rotated)
+        return core(self, x, mask, p, ksvd, rotated, kernel)
 
     monkeypatch.setattr(PrimalAttention, "_core", spy)
     # a stand-in for the compiled region that evaluates as a compiled graph would
     monkeypatch.setattr(
-        primal_mod, "_compiled_core", lambda: lambda self, x, m, p, k: core(self, x, m, p, k, self._rotated(x, p, True))
+        primal_mod,
+        "_compiled_core",
+        lambda: lambda self, x, m, p, k, kernel: core(self, x, m, p, k, self._rotated(x, p, True), kernel),
     )
     layer = pd.build_attention("primal", 16, 2, s=4, compile=True)
     x = torch.randn(1, 2600, 16, requires_grad=True)
