@@ -504,7 +504,15 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         from ..kernels.primal_scores import primal_scores_triton
 
         B, N, _ = x.shape
-        out = primal_scores_triton(x, p["qk_w"], p["qk_b"], w, self.eps, mask=mask, causal=self.causal, energies=ksvd)
+        qk_w, qk_b = p["qk_w"], p["qk_b"]
+        dev = x.device.type
+        if torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev):
+            # an operator has no autocast rule: cast as autocast would for the score path's GEMMs (float16 autocast
+            # never gets here: _compute_dtype computes in float32 and turns autocast off)
+            low = torch.get_autocast_dtype(dev)
+            x, qk_w, w = x.to(low), qk_w.to(low), w.to(low)
+            qk_b = qk_b.to(low) if qk_b is not None else None
+        out = primal_scores_triton(x, qk_w, qk_b, w, self.eps, mask=mask, causal=self.causal, energies=ksvd)
         if not ksvd:
             return out, None
         scores, sums = out  # (B, N, H, 2, s), (B, 2, H, s): sum_t m_t score^2

@@ -32,6 +32,7 @@ Written by hand: the fusion is specific to this layer; no library kernel compute
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +56,8 @@ except ImportError as err:  # pragma: no cover - exercised where triton is missi
 
 
 BLOCK_K = 32  # the width step of the projection and of the carry's reduction
+MAX_GRID = 65_535  # CUDA's limit on a launch grid's second and third dimensions (row tiles, samples)
+_HAS_CUSTOM_OPS = hasattr(torch.library, "custom_op")  # torch >= 2.4
 
 
 def _interpreting() -> bool:
@@ -76,6 +79,12 @@ def triton_unavailable_reason(x: Tensor) -> str | None:
         return f"the input is on {x.device.type}, not a CUDA device"
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return f"dtype {x.dtype} is not supported (float32, float16, bfloat16)"
+    if x.dim() == 3 and (x.shape[0] > MAX_GRID or triton.cdiv(x.shape[1], 64) > MAX_GRID):
+        return f"the input {tuple(x.shape)} has more than {MAX_GRID} samples or tiles of 64 tokens (the launch grid's limit)"
+    if x.device.type == "cuda" and x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) < (8, 0):
+        return "bfloat16 products need a GPU of compute capability 8.0 or newer"
+    if not _HAS_CUSTOM_OPS:
+        return f"torch {torch.__version__} has no torch.library.custom_op (torch >= 2.4)"
     return None
 
 
@@ -95,6 +104,7 @@ if triton is not None:
         HAS_MASK: tl.constexpr,
         CAUSAL: tl.constexpr,
         UPCAST: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_K: tl.constexpr,
         BLOCK_P: tl.constexpr,
@@ -135,9 +145,10 @@ if triton is not None:
                 other=0.0,
             )  # (BLOCK_K, BLOCK_P): W_g^T
             if UPCAST:
-                acc += tl.dot(xt.to(tl.float32), wt.to(tl.float32))
+                acc += tl.dot(xt.to(tl.float32), wt.to(tl.float32), input_precision=DOT_PRECISION)
             else:
-                acc += tl.dot(xt, wt.to(xt.dtype))  # the input dtype on the tensor cores, accumulated in float32
+                # the input dtype on the tensor cores, accumulated in float32
+                acc += tl.dot(xt, wt.to(xt.dtype), input_precision=DOT_PRECISION)
         if HAS_BIAS:
             bias = tl.load(b_ptr + g * P + cols_p, mask=p_ok, other=0.0)
             acc += bias[None, :].to(tl.float32)
@@ -153,9 +164,9 @@ if triton is not None:
     ):  # fmt: skip
         """The causal prologue's carry, part one: per row tile, the float32 sums of ``m * x`` ``(B, T, C)`` and
         (masked) the real-token counts ``(B, T)``."""
-        t = tl.program_id(0)
+        t = tl.program_id(0).to(tl.int64)  # int64 offsets: B * N * C passes 2^31 at large batches
         kb = tl.program_id(1)
-        b = tl.program_id(2)
+        b = tl.program_id(2).to(tl.int64)
         T = tl.num_programs(0)
         rows = t * BLOCK_M + tl.arange(0, BLOCK_M)
         ks = kb * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -188,23 +199,26 @@ if triton is not None:
         CAUSAL: tl.constexpr,
         ENERGY: tl.constexpr,
         UPCAST: tl.constexpr,  # float32 products: the interpreter's bfloat16 dot is wrong (numpy has no bfloat16)
+        # float32 products: "ieee" unless torch allows TF32 matmuls (Triton's own default is TF32 everywhere)
+        DOT_PRECISION: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_K: tl.constexpr,
         BLOCK_P: tl.constexpr,
         BLOCK_S: tl.constexpr,
     ):  # fmt: skip
-        pid_m = tl.program_id(0)
-        g = tl.program_id(1)  # (query-or-key) * H + head: row block g*P of the fused weight
+        # the 2H programs of one row tile run next to each other and share its x tile in L2
+        g = tl.program_id(0)  # (query-or-key) * H + head: row block g*P of the fused weight
+        pid_m = tl.program_id(1).to(tl.int64)  # int64 offsets: B * N * 2C passes 2^31 at large batches
         t = g // H
         h = g % H
-        b = tl.program_id(2)
+        b = tl.program_id(2).to(tl.int64)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         cols_p = tl.arange(0, BLOCK_P)
         row_ok = rows < N
         p_ok = cols_p < P
         acc, m = _project(
             x_ptr, w_ptr, b_ptr, m_ptr, carry_ptr, ccount_ptr, b, pid_m, g, N, C, P, T, sxb, sxn, sxc, sw0, sw1,
-            rows, cols_p, row_ok, p_ok, HAS_BIAS, HAS_MASK, CAUSAL, UPCAST, BLOCK_M, BLOCK_K, BLOCK_P,
+            rows, cols_p, row_ok, p_ok, HAS_BIAS, HAS_MASK, CAUSAL, UPCAST, DOT_PRECISION, BLOCK_M, BLOCK_K, BLOCK_P,
         )  # fmt: skip
         inv = 1.0 / tl.maximum(tl.sqrt(tl.sum(acc * acc, axis=1)), eps)  # (BLOCK_M,)
         cols_s = tl.arange(0, BLOCK_S)
@@ -214,7 +228,7 @@ if triton is not None:
             mask=p_ok[:, None] & s_ok[None, :],
             other=0.0,
         )  # (BLOCK_P, BLOCK_S)
-        u = tl.dot(acc, we.to(tl.float32)) * inv[:, None]  # (BLOCK_M, BLOCK_S)
+        u = tl.dot(acc, we.to(tl.float32), input_precision=DOT_PRECISION) * inv[:, None]  # (BLOCK_M, BLOCK_S)
         tl.store(
             out_ptr + b * sob + rows[:, None] * son + t * sot + h * soh + cols_s[None, :] * sos,
             u.to(out_ptr.dtype.element_ty),
@@ -241,14 +255,16 @@ if triton is not None:
         CAUSAL: tl.constexpr,
         ENERGY: tl.constexpr,  # a gradient of the energies (B, 2H, S) flows back too
         UPCAST: tl.constexpr,  # float32 products: the interpreter's bfloat16 dot is wrong (numpy has no bfloat16)
+        # float32 products: "ieee" unless torch allows TF32 matmuls (Triton's own default is TF32 everywhere)
+        DOT_PRECISION: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_K: tl.constexpr,
         BLOCK_P: tl.constexpr,
         BLOCK_S: tl.constexpr,
     ):  # fmt: skip
-        pid_m = tl.program_id(0)
-        g = tl.program_id(1)
-        b = tl.program_id(2)
+        g = tl.program_id(0)  # as in the forward: the programs of one row tile run together
+        pid_m = tl.program_id(1).to(tl.int64)
+        b = tl.program_id(2).to(tl.int64)
         t = g // H
         h = g % H
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -260,7 +276,7 @@ if triton is not None:
         # the projection tile, recomputed as in the forward (never stored)
         acc, m = _project(
             x_ptr, w_ptr, b_ptr, m_ptr, carry_ptr, ccount_ptr, b, pid_m, g, N, C, P, T, sxb, sxn, sxc, sw0, sw1,
-            rows, cols_p, row_ok, p_ok, HAS_BIAS, HAS_MASK, CAUSAL, UPCAST, BLOCK_M, BLOCK_K, BLOCK_P,
+            rows, cols_p, row_ok, p_ok, HAS_BIAS, HAS_MASK, CAUSAL, UPCAST, DOT_PRECISION, BLOCK_M, BLOCK_K, BLOCK_P,
         )  # fmt: skip
         nrm = tl.sqrt(tl.sum(acc * acc, axis=1))
         inv = 1.0 / tl.maximum(nrm, eps)
@@ -269,7 +285,7 @@ if triton is not None:
             mask=p_ok[:, None] & s_ok[None, :],
             other=0.0,
         ).to(tl.float32)  # (BLOCK_P, BLOCK_S)
-        u = tl.dot(acc, we)  # (BLOCK_M, BLOCK_S), unscaled
+        u = tl.dot(acc, we, input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_S), unscaled
         go = tl.load(
             g_ptr + b * sgb + rows[:, None] * sgn + t * sgt + h * sgh + cols_s[None, :] * sgs,
             mask=row_ok[:, None] & s_ok[None, :],
@@ -283,14 +299,14 @@ if triton is not None:
         d_inv = tl.sum(go * u, axis=1)  # (BLOCK_M,)
         # inv = 1 / max(||acc||, eps): d inv / d acc = -acc inv^3 where the norm is above eps, else 0
         coef = tl.where(nrm > eps, -d_inv * inv * inv * inv, 0.0)
-        dacc = tl.dot(du, tl.trans(we)) + coef[:, None] * acc  # (BLOCK_M, BLOCK_P)
+        dacc = tl.dot(du, tl.trans(we), input_precision=DOT_PRECISION) + coef[:, None] * acc  # (BLOCK_M, BLOCK_P)
         tl.store(
             dqk_ptr + b * sdb + rows[:, None] * sdn + (g * P + cols_p)[None, :] * sdc,
             dacc.to(dqk_ptr.dtype.element_ty),
             mask=row_ok[:, None] & p_ok[None, :],
         )
         # this tile's share of dW_g = acc^T du, one slot per (sample, tile, g): summed outside, no atomics
-        dw = tl.dot(tl.trans(acc), du)  # (BLOCK_P, BLOCK_S)
+        dw = tl.dot(tl.trans(acc), du, input_precision=DOT_PRECISION)  # (BLOCK_P, BLOCK_S)
         slot = (b * T + pid_m) * (2 * H) + g
         tl.store(
             dwes_ptr + slot * P * S + cols_p[:, None] * S + cols_s[None, :],
@@ -344,6 +360,7 @@ def _launch(
         "CAUSAL": carry is not None,
         "ENERGY": energy,
         "UPCAST": _interpreting() and x.dtype == torch.bfloat16,
+        "DOT_PRECISION": "tf32" if x.dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32 else "ieee",
         "BLOCK_M": block_m,
         "BLOCK_K": BLOCK_K,
         "BLOCK_P": _pow2(P),
@@ -404,7 +421,7 @@ def _forward(
         scores, inv, shares = out
     # g = (query-or-key) * H + head indexes the fused weight's row blocks; the scores are stored per (head, q|k);
     # inv (B, N, 2, H) and the shares (B, T, 2, H, s) are contiguous, so g is their flat (q|k, head) index
-    _scores_fwd[(la.tiles, 2 * H, B)](
+    _scores_fwd[(2 * H, la.tiles, B)](
         *la.pointers, scores, inv, shares if energy else inv,
         *la.sizes,
         *la.strides,
@@ -439,7 +456,7 @@ def _backward(
     # d[Q, K] in the input's dtype: the two GEMMs below then run on the tensor cores, as autograd's would
     dqk = torch.empty(B, N, 2 * H * P, device=x.device, dtype=x.dtype)
     dwes = torch.empty(B, la.tiles, 2 * H, P, S, device=x.device, dtype=torch.float32)
-    _scores_bwd[(la.tiles, 2 * H, B)](
+    _scores_bwd[(2 * H, la.tiles, B)](
         *la.pointers, grad, ge, dqk, dwes,
         *la.sizes,
         *la.strides,
@@ -487,8 +504,10 @@ def _scores_op(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The forward as one operator: scores ``(B, N, H, 2, s)``, energies ``(B, 2, H, s)`` float32 (empty without
     ``energy``) and the causal carry ``(B, T, C)`` / ``(B, T)`` (empty when not causal; saved for the backward)."""
-    carry = _causal_carry(x, mask) if causal else None
-    scores, _, shares = _forward(x, qk_weight, qk_bias, w, eps, mask, carry, energy)
+    mask = mask.contiguous() if mask is not None else None  # the kernels index it as (B, N) rows
+    with _on(x.device):
+        carry = _causal_carry(x, mask) if causal else None
+        scores, _, shares = _forward(x, qk_weight, qk_bias, w, eps, mask, carry, energy)
     f32 = {"device": x.device, "dtype": torch.float32}
     energies = shares.sum(1) if energy else torch.empty(_EMPTY, **f32)  # (B, 2, H, s): the tiles in a fixed order
     sums, count = carry if carry is not None else (torch.empty(_EMPTY, **f32), torch.empty(_EMPTY, **f32))
@@ -532,9 +551,11 @@ def _grads_op(
     needs: list[bool],
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The backward as one operator: the gradients of x, the qk weight, its bias and w (empty where not needed)."""
-    grads = _backward(
-        grad, grad_energy, x, qk_weight, qk_bias, w, eps, mask, (sums, count) if causal else None, tuple(needs)
-    )
+    mask = mask.contiguous() if mask is not None else None
+    with _on(x.device):
+        grads = _backward(
+            grad, grad_energy, x, qk_weight, qk_bias, w, eps, mask, (sums, count) if causal else None, tuple(needs)
+        )
     return tuple(g if g is not None else x.new_empty(_EMPTY) for g in grads)
 
 
@@ -556,9 +577,15 @@ def _grads_fake(
     return tuple(t.new_empty(t.shape) if n and t is not None else x.new_empty(_EMPTY) for t, n in zip(like, needs))
 
 
+def _on(device: torch.device) -> Any:
+    """The launches' device: Triton launches on the current CUDA device, which need not be the tensors'."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
     x, qk_weight, qk_bias, w, mask, causal, energy, eps = inputs
     _, _, sums, count = output
+    ctx.mark_non_differentiable(sums, count)  # the carry is saved for the backward, not an output to differentiate
     ctx.save_for_backward(x, qk_weight, qk_bias, w, mask, sums, count)
     ctx.causal, ctx.energy, ctx.eps = causal, energy, eps
 
@@ -575,11 +602,12 @@ def _grads(ctx: Any, grad: Tensor | None, grad_energy: Tensor | None, *_: Tensor
 
 # Registered as operators (opaque to torch.compile, which fuses the work around them), with
 # shapes for tracing and the backward kernel as their gradient.
-primal_scores_op = torch.library.custom_op("primaldual::primal_scores", _scores_op, mutates_args=())
-primal_scores_op.register_fake(_scores_fake)
-primal_scores_grads = torch.library.custom_op("primaldual::primal_scores_grads", _grads_op, mutates_args=())
-primal_scores_grads.register_fake(_grads_fake)
-primal_scores_op.register_autograd(_grads, setup_context=_setup_context)
+if _HAS_CUSTOM_OPS:
+    primal_scores_op = torch.library.custom_op("primaldual::primal_scores", _scores_op, mutates_args=())
+    primal_scores_op.register_fake(_scores_fake)
+    primal_scores_grads = torch.library.custom_op("primaldual::primal_scores_grads", _grads_op, mutates_args=())
+    primal_scores_grads.register_fake(_grads_fake)
+    primal_scores_op.register_autograd(_grads, setup_context=_setup_context)
 
 
 def primal_scores_triton(

@@ -45,20 +45,51 @@ def test_scores_and_gradients_match_the_score_path(B, N, C, H, P, S, dependent, 
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_precision_inputs(dtype):
-    """bf16 / fp16 inputs against the float64 score path: within half-precision rounding."""
+@pytest.mark.parametrize("causal", [False, True])
+def test_half_precision_inputs(dtype, causal):
+    """bf16 / fp16 inputs against the float64 score path: within half-precision rounding (causal: the prologue's
+    prefix means over three row tiles, rounded to the input dtype as the PyTorch path rounds them)."""
     torch.manual_seed(4)
-    x = torch.randn(2, 40, 32, device=DEV).to(dtype).requires_grad_(True)
+    n = 150 if causal else 40
+    x = torch.randn(2, n, 32, device=DEV).to(dtype).requires_grad_(True)
     wq = torch.randn(2 * 2 * 16, 32, device=DEV).to(dtype).requires_grad_(True)
     w = torch.randn(2, 2, 16, 5, device=DEV).to(dtype).requires_grad_(True)
-    out = ks.primal_scores_triton(x, wq, None, w)
-    ref = primal_scores_from_input(x.double(), wq.double(), None, w.double())[0]
-    assert out.dtype == dtype and rel_err(out, ref) < 3e-2
-    g = torch.randn_like(ref)
-    got = torch.autograd.grad(out, (x, wq, w), g.to(dtype))
-    want = torch.autograd.grad(ref, (x, wq, w), g)
+    out, energies = ks.primal_scores_triton(x, wq, None, w, causal=causal, energies=True)
+    ref, ref_energies = _reference(x.double(), wq.double(), None, w.double(), None, causal)
+    assert out.dtype == dtype and rel_err(out, ref) < 3e-2 and rel_err(energies, ref_energies) < 3e-2
+    g, ge = torch.randn_like(ref), torch.randn_like(ref_energies)
+    got = torch.autograd.grad((out * g.to(dtype)).sum() + (energies * ge.float()).sum(), (x, wq, w))
+    want = torch.autograd.grad((ref * g).sum() + (ref_energies * ge).sum(), (x, wq, w))
     for a, b in zip(got, want):
         assert a.dtype == dtype and rel_err(a, b) < 3e-2
+
+
+def test_the_layer_follows_autocast():
+    """Under bfloat16 autocast the kernel gets what autocast gives the score path's GEMMs (an operator has no
+    autocast rule of its own): output and gradients within bfloat16 rounding of the layer without the kernel."""
+    torch.manual_seed(7)
+    ref = pd.build_attention("primal", 32, 2, causal=True, s=3, path="scores").to(DEV)
+    fused = pd.build_attention("primal", 32, 2, causal=True, s=3, kernel="triton").to(DEV)
+    fused.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 40, 32, device=DEV)
+    outs = []
+    for layer in (ref, fused):
+        with torch.autocast(DEV, dtype=torch.bfloat16):
+            y = layer(x)
+            term = pd.collect_aux_loss(layer)
+        (y.float().square().sum() + term).backward()
+        outs.append((y, [p.grad.clone() for p in layer.parameters()]))
+    (y0, g0), (y1, g1) = outs
+    assert y1.dtype == y0.dtype == torch.bfloat16 and rel_err(y1.float(), y0.float()) < 3e-2
+    for a, b in zip(g1, g0):
+        assert rel_err(a, b) < 5e-2
+
+
+def test_what_the_kernel_cannot_take_is_named(monkeypatch):
+    x = torch.empty(1, 1, 8, device=DEV).expand(1, 64 * ks.MAX_GRID + 1, 8)  # no memory behind it
+    assert "launch grid's limit" in ks.triton_unavailable_reason(x)
+    monkeypatch.setattr(ks, "_HAS_CUSTOM_OPS", False)
+    assert "torch.library.custom_op" in ks.triton_unavailable_reason(torch.randn(1, 4, 8, device=DEV))
 
 
 def test_zero_rows_follow_the_eps_clamp():
@@ -81,7 +112,7 @@ def _reference(x, wq, b, w, mask, causal):
     """Scores and energies ``(B, 2, H, s)`` from the PyTorch score path."""
     src = causal_prefix_mean(x, mask) if causal else x
     scores = primal_scores_from_input(src, wq, b, w)[0]  # (B, N, H, 2, s)
-    m = torch.ones(x.shape[:2], device=x.device) if mask is None else mask.to(scores.dtype)
+    m = torch.ones(x.shape[:2], device=x.device, dtype=scores.dtype) if mask is None else mask.to(scores.dtype)
     energies = torch.einsum("bn,bnhts->bths", m, scores.square())  # (B, 2, H, s)
     return scores, energies
 
