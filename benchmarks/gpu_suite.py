@@ -18,8 +18,9 @@ Steps, each with a time budget; after every step ``suite.json`` (the environment
    (``primaldual bench layers --tokens 65536``: one call per mechanism and mask, one process per case inside it;
    median and minimum of the timed calls, peak memory). ``--causal only|no``, ``--no-compile`` and ``--layers``
    (the mechanisms by label) narrow it.
-3. ``lm_steps``: training steps of ``lm/english/medium/{transformer,primalformer}`` at 4K tokens eager and compiled,
-   PrimalFormer with the fused score kernel (eager and compiled), then 1K and 256 (``primaldual bench steps``; needs
+3. ``lm_steps``: training steps of ``lm/english/medium/{transformer,primalformer}`` at 4K tokens eager, compiled and
+   compiled with CUDA graphs (``trainer.compile_mode=reduce-overhead``), PrimalFormer with the fused score kernel
+   (eager and compiled), the CUDA graphs at 256 tokens, then 1K and 256 (``primaldual bench steps``; needs
    ``primaldual data fetch english``).
 4. ``decode``: ms per generated token at 1K-64K context, batch 1 and 8, softmax's KV cache (eager) against primal
    and linear states replayed as CUDA graphs (``primaldual bench decode --cuda-graph``, random weights); then
@@ -327,13 +328,16 @@ def step_lm_steps(suite: Suite, args: argparse.Namespace) -> None:
     runs = []
     # 4K first, eager and compiled: the comparison issue 44 asks for; then PrimalFormer with the fused score kernel
     # (the Transformer has no such option), then the launch-bound lengths
-    cases = [(4096, False, False), (4096, True, False), (4096, False, True), (4096, True, True)]
-    cases += [(1024, False, False), (256, False, False), (1024, True, False), (256, True, False)]
+    # compiled: False, True (torch.compile's default mode) or "reduce-overhead" (its graphs replayed as CUDA graphs)
+    cases = [(4096, False, False), (4096, True, False), (4096, "reduce-overhead", False), (4096, False, True)]
+    cases += [(4096, True, True), (256, "reduce-overhead", False), (1024, False, False), (256, False, False)]
+    cases += [(1024, True, False), (256, True, False)]
     for n, compiled, triton in cases:
         left = BUDGETS["lm_steps"] * args.budget_scale - (time.perf_counter() - t0)
         if left <= 0:
             break
-        name = f"n{n}{'_compiled' if compiled else ''}{'_triton' if triton else ''}"
+        mode = ["--set", f"trainer.compile_mode={compiled}"] if isinstance(compiled, str) else []
+        name = f"n{n}{'_compiled' if compiled else ''}{'_graphs' if mode else ''}{'_triton' if triton else ''}"
         out = suite.out / "lm_steps" / name
         configs = (
             ["lm/english/medium/primalformer"]
@@ -344,7 +348,7 @@ def step_lm_steps(suite: Suite, args: argparse.Namespace) -> None:
         cmd = _cli(
             "bench", "steps", *configs,
             "--device", args.device, "--steps", "5", "--rounds", "3", "--warmup", "2",
-            "--set", f"data.max_len={n}", "--set", f"trainer.compile={str(compiled).lower()}", *kernel,
+            "--set", f"data.max_len={n}", "--set", f"trainer.compile={str(bool(compiled)).lower()}", *mode, *kernel,
             "--out", str(out),
         )  # fmt: skip
         code, tail = _run(cmd, left)

@@ -155,7 +155,8 @@ def build_case(
         from ..train.compile import compile_model
 
         inputs = list(next(iter(dm.val_dataloader()[0]))[:-1])  # the model's inputs, as the run's check takes them
-        compiled = compile_model(module.model, inputs, lambda line: print(f"{spec}: {line}", flush=True))
+        say = lambda line: print(f"{spec}: {line}", flush=True)  # noqa: E731
+        compiled = compile_model(module.model, inputs, say, cfg.trainer.compile_mode)
     return StepCase(spec, cfg, module, opt, batch, int(params), int(batch[0].shape[0]), compiled, str(device))
 
 
@@ -257,6 +258,7 @@ def run_steps(
                 "params": case.params,
                 "batch": case.batch_size,
                 "compiled": case.compiled,
+                "compile_mode": case.cfg.trainer.compile_mode if case.compiled else None,
                 "ms_per_step": median,
                 "ms_per_step_min": min(ms),
                 "ms_per_step_max": max(ms),
@@ -278,8 +280,10 @@ def steps_table(records: list[dict[str, Any]]) -> str:
     """The markdown table: config, attention plan, parameters, median ms / step, min-max, ratio to the first."""
     lines = [TABLE_HEADER, "|---|---|---:|---:|---:|---:|---:|"]
     for r in records:
+        mode = r.get("compile_mode") or "default"
+        how = "" if not r.get("compiled") else " (compiled)" if mode == "default" else f" (compiled, {mode})"
         lines.append(
-            f"| {r['config']} | {r['attention']}{' (compiled)' if r.get('compiled') else ''} | {r['params']:,} | "
+            f"| {r['config']} | {r['attention']}{how} | {r['params']:,} | "
             f"{_ms(r['ms_per_step'])} | "
             f"{_ms(r['ms_per_step_min'])}-{_ms(r['ms_per_step_max'])} | {r['ratio_to_first']:.2f} | "
             f"{r.get('peak_mb', float('nan')):.0f} |"

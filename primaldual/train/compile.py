@@ -52,12 +52,26 @@ def compile_options(model: nn.Module) -> dict[str, Any]:
     return {"fallback_random": True} if on_cpu else {}
 
 
-def compile_model(model: nn.Module, inputs: Sequence[Any], note: Callable[[str], None]) -> bool:
+def _compile_kwargs(model: nn.Module, mode: str) -> dict[str, Any]:
+    """``torch.compile``'s arguments: ``mode``, or, where :func:`compile_options` has options (it refuses both at
+    once), the options that the mode sets (``torch._inductor.list_mode_options``, the listing its documentation
+    names) merged with them."""
+    options = compile_options(model)
+    if mode == "default" or not options:
+        return {"mode": mode} if mode != "default" else {"options": options}
+    from torch._inductor import list_mode_options
+
+    return {"options": {**list_mode_options(mode), **options}}
+
+
+def compile_model(model: nn.Module, inputs: Sequence[Any], note: Callable[[str], None], mode: str = "default") -> bool:
     """Compile ``model`` in place and check ``model(*inputs)`` against eager; True when it trains compiled.
 
     Args:
         model: the task model. inputs: one batch of its inputs (e.g. ``(tokens, mask)``), on the model's device.
         note: where the one-line outcome goes (``print`` on rank 0).
+        mode: ``torch.compile``'s ``mode`` (``trainer.compile_mode``): ``reduce-overhead`` replays the compiled
+            graphs as CUDA graphs on a GPU (no effect on a CPU).
     """
     was_training = model.training
     swapped = 0
@@ -67,7 +81,7 @@ def compile_model(model: nn.Module, inputs: Sequence[Any], note: Callable[[str],
             ref = _outputs(model(*inputs))
             collect_aux_loss(model)
             swapped = use_counter_dropout(model)  # plain nn.Dropout eagerly, so harmless if compilation fails
-            model.compile(options=compile_options(model))
+            model.compile(**_compile_kwargs(model, mode))
             got = _outputs(model(*inputs))
             collect_aux_loss(model)
     except Exception as e:  # any failure of the compiler: train eagerly
@@ -95,8 +109,9 @@ def compile_model(model: nn.Module, inputs: Sequence[Any], note: Callable[[str],
     worst = max((r.float() - g.float()).abs().max().item() for r, g in zip(ref, got, strict=True))
     on_cpu = bool(compile_options(model))  # the CPU options are the non-empty ones
     counter = f"; {swapped} dropout modules draw counter-based masks" if swapped and on_cpu else ""
+    how = f" (mode {mode})" if mode != "default" else ""
     note(
-        f"trainer.compile: compiled with torch.compile{counter}; matches eager on the first validation batch "
+        f"trainer.compile: compiled with torch.compile{how}{counter}; matches eager on the first validation batch "
         f"({worst:.2g})"
     )
     return True

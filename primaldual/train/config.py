@@ -227,10 +227,13 @@ def _renamed(cfg: RunConfig, pairs: list[tuple[str, Any]]) -> RunConfig:
 
 def dump_config(cfg: RunConfig) -> str:
     """YAML text of a resolved config (what the run directory stores): the task's keys, and ``trainer.compile`` /
-    ``trainer.logger`` only when not at their defaults, so the stored configs of earlier runs read as they did."""
+    ``compile_mode`` / ``logger`` only when not at their defaults, so the stored configs of earlier runs read as they
+    did."""
     d = cfg.to_dict()
     if not cfg.trainer.compile:
         d["trainer"].pop("compile")
+    if cfg.trainer.compile_mode == "default":
+        d["trainer"].pop("compile_mode")
     if cfg.trainer.logger == "csv":
         d["trainer"].pop("logger")
     return yaml.safe_dump(d, sort_keys=False)

@@ -191,7 +191,8 @@ def _fit(
     timer = StepTimer()
     trainer = _trainer(cfg, run_dir, [seeder, history, last_ckpt, timer], logger)
     if cfg.trainer.compile:
-        _compile(module, task.example_inputs(dm), trainer, note if trainer.is_global_zero else (lambda msg: None))
+        say = note if trainer.is_global_zero else (lambda msg: None)
+        _compile(module, task.example_inputs(dm), trainer, say, cfg.trainer.compile_mode)
     if verbose and trainer.is_global_zero:
         n = sum(p.numel() for p in module.parameters())
         trained = sum(p.numel() for p in module.parameters() if p.requires_grad)
@@ -287,14 +288,15 @@ def _ksvd_summary(model: nn.Module, rows: list[dict[str, Any]]) -> dict[str, Any
     return out
 
 
-def _compile(module: L.LightningModule, example: list[Any], trainer: L.Trainer, note: Any) -> None:
-    """``trainer.compile``: the model compiled in place on the run's device, checked on one batch of its inputs."""
+def _compile(module: L.LightningModule, example: list[Any], trainer: L.Trainer, note: Any, mode: str) -> None:
+    """``trainer.compile``: the model compiled in place on the run's device (``trainer.compile_mode``), checked on one
+    batch of its inputs."""
     from .compile import compile_model
 
     device = trainer.strategy.root_device
     inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in example]
     module.model.to(device)
-    compile_model(module.model, inputs, note)
+    compile_model(module.model, inputs, note, mode)
 
 
 def _same_model(cfg: RunConfig, run_dir: Path) -> None:

@@ -18,6 +18,8 @@ from typing import Any, ClassVar
 from ..options import check_bool, check_choice, check_int, check_number, check_optional_str, checked
 from ..tasks.base import COMMON_SECTIONS, Task, config_parts, exclusive_keys, get_task
 
+#: ``torch.compile``'s modes (``trainer.compile_mode``)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 #: the largest model.dim (and num_heads; ffn_dim: 4x) and model.depth a config may ask for
 MAX_WIDTH, MAX_DEPTH = 65_536, 1_024
 
@@ -113,7 +115,8 @@ class TrainerConfig:
     """Arguments passed to ``lightning.Trainer`` (see its documentation). ``accumulate_grad_batches``: batches whose
     gradients are summed into one optimiser step (``max_steps``, ``val_check_interval`` and the schedule count
     optimiser steps). ``compile``: train the model compiled with ``torch.compile`` (checked against eager on the
-    first validation batch; eager training, with a message, where compilation fails or disagrees)."""
+    first validation batch; eager training, with a message, where compilation fails or disagrees);
+    ``compile_mode``: its ``mode`` (``reduce-overhead``: CUDA graphs on a GPU, for launch-bound steps)."""
 
     max_epochs: int = 100
     max_steps: int = -1  # > 0: step-based training (LRA); max_epochs is then ignored
@@ -130,6 +133,7 @@ class TrainerConfig:
     enable_progress_bar: bool = checked(True, check_bool)
     accumulate_grad_batches: int = checked(1, check_int, low=1)
     compile: bool = checked(False, check_bool)
+    compile_mode: str = checked("default", check_choice, choices=COMPILE_MODES)
     # csv (always written) | tensorboard | wandb (offline unless WANDB_MODE says otherwise)
     logger: str = checked("csv", check_choice, choices=("csv", "tensorboard", "wandb"))
 
@@ -164,7 +168,8 @@ class RunConfig:
         """
         d = self.to_dict()
         d["trainer"].pop("enable_progress_bar")
-        d["trainer"].pop("compile")  # how the run executes, not what it computes (a resume may switch it)
+        for key in ("compile", "compile_mode"):  # how the run executes, not what it computes (a resume may switch it)
+            d["trainer"].pop(key)
         d["trainer"].pop("logger")
         type(self).drop_own_defaults(d)  # (then the legacy keys that were common in 0.1.0, always hashed)
         for (section, key), value in _V010_KEYS.items():

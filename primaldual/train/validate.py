@@ -157,6 +157,8 @@ def _validate_config(cfg: RunConfig) -> None:
         raise ConfigError(f"trainer.logger: {t.logger!r} needs the {t.logger} package (pip install {t.logger})")
     if t.compile and not task.compiles:
         raise ConfigError(f"trainer.compile: task {cfg.task!r} does not compile its model; set it to false")
+    if t.compile_mode != "default" and not t.compile:
+        raise ConfigError(f"trainer.compile_mode: {t.compile_mode!r} applies only with trainer.compile true")
     task.check(cfg)
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from primaldual.bench.steps import TABLE_HEADER, attention_plan, parse_sets, run_steps
+from primaldual.bench.steps import TABLE_HEADER, attention_plan, parse_sets, run_steps, steps_table
 from primaldual.cli import main
 
 from ..conftest import TINY
@@ -96,6 +96,8 @@ def test_a_config_with_trainer_compile_is_timed_compiled(tmp_path, vision_config
     printed = capsys.readouterr().out
     assert "dropout modules draw counter-based masks; matches eager" in printed
     assert f"| {b} | softmax, primal (compiled) |" in printed
+    graphs = steps_table([{**r, "compile_mode": "reduce-overhead"}])  # the mode is named beside the attention
+    assert f"| {b} | softmax, primal (compiled, reduce-overhead) |" in graphs and r["compile_mode"] == "default"
 
 
 def test_a_uea_config_with_a_set_override(tmp_path):

@@ -78,6 +78,42 @@ def test_compile_model_swaps_dropout_for_counter_dropout(monkeypatch):
     assert [n for n, m in model.named_modules() if type(m) is CounterDropout] == plain
 
 
+def test_the_compile_mode_reaches_torch_compile(monkeypatch):
+    """trainer.compile_mode: torch.compile's ``mode`` on a GPU; on a CPU, whose options torch.compile will not take
+    beside a mode, the options that mode sets, merged with the CPU's own."""
+    model, inputs = _model_and_inputs()
+    seen: list[dict] = []
+    monkeypatch.setattr(nn.Module, "compile", lambda self, *a, **k: seen.append(k))
+    notes: list[str] = []
+    compile_model(model, inputs, notes.append, "reduce-overhead")
+    assert seen[-1] == {"options": {"triton.cudagraphs": True, "fallback_random": True}}
+    assert "compiled with torch.compile (mode reduce-overhead)" in notes[-1]
+    monkeypatch.setattr("primaldual.train.compile.compile_options", lambda model: {})  # as on a GPU
+    compile_model(model, inputs, notes.append, "max-autotune")
+    compile_model(model, inputs, notes.append)
+    assert seen[-2:] == [{"mode": "max-autotune"}, {"options": {}}]
+
+
+def test_the_compile_mode_is_validated_and_leaves_the_fingerprint():
+    base = load_config("lra/listops/transformer", ["--trainer.compile", "true"])
+    graphs = load_config(
+        "lra/listops/transformer", ["--trainer.compile", "true", "--trainer.compile_mode", "reduce-overhead"]
+    )
+    assert graphs.fingerprint() == base.fingerprint()  # how the run executes, not what it computes
+    assert "compile_mode: reduce-overhead" in dump_config(graphs) and "compile_mode" not in dump_config(base)
+    with pytest.raises(ConfigError, match=r"trainer.compile_mode: 'reduce-overhead' applies only with trainer.compile"):
+        load_config("lra/listops/transformer", ["--trainer.compile_mode", "reduce-overhead"])
+    with pytest.raises(ConfigError, match="trainer.compile_mode"):
+        load_config("lra/listops/transformer", ["--trainer.compile", "true", "--trainer.compile_mode", "fast"])
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None, reason="no C++ compiler for Inductor")
+def test_a_model_compiles_in_a_mode_on_the_cpu():
+    model, inputs = _model_and_inputs()
+    notes: list[str] = []
+    assert compile_model(model, inputs, notes.append, "reduce-overhead"), notes  # CUDA graphs: none on a CPU
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_models_keep_inductors_random_numbers():
     model, _ = _model_and_inputs()

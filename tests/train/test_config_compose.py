@@ -28,7 +28,8 @@ DATA = Path(__file__).resolve().parent / "data"
 # were rewritten when data.tokenisation / stand_in / train_pairs / eval_pairs / val_size and model.pooling /
 # positions / tie_embeddings became task-exclusive, and when model.init became an LM key too (config.yaml lists a
 # key for the tasks that read it only), and when tasks came to own their keys (Task.config: a task's keys follow
-# the common ones in config.yaml); every fingerprint stayed, and an older config.yaml resumes
+# the common ones in config.yaml), and trainer.logger / compile_mode are recorded at their defaults; every fingerprint
+# stayed, and an older config.yaml resumes
 # (tests/train/test_rundir.py)
 FROZEN = json.loads((DATA / "frozen_configs.json").read_text())
 
