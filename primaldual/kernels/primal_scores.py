@@ -10,7 +10,7 @@ Here one program takes ``BLOCK_M`` tokens of one sample and one (query-or-key, h
 2. ``acc = src_tile @ W_g^T + b_g`` over the width C in ``BLOCK_K`` steps (``(BLOCK_M, p)``, float32);
 3. ``inv = 1 / max(||acc||, eps)`` per row;
 4. ``scores = (acc @ w_g) * inv`` with ``w_g`` the ``(p, s)`` weight of that head (the sample's own when the weights
-   are data-dependent), stored token-major into ``(B, N, H, 2, s)``; ``inv`` into ``(B, N, 2, H)``;
+   are data-dependent), stored token-major into ``(B, N, H, 2, s)``;
 5. with energies, the tile's share of ``sum_t m_t scores_t^2`` per component, one slot per (sample, tile, g),
    summed afterwards in a fixed order (deterministic: no atomics).
 
@@ -205,6 +205,7 @@ if triton is not None:
         BLOCK_K: tl.constexpr,
         BLOCK_P: tl.constexpr,
         BLOCK_S: tl.constexpr,
+        STORE_INV: tl.constexpr,  # the inverse norms too (the tests read them; the layer does not)
     ):  # fmt: skip
         # the 2H programs of one row tile run next to each other and share its x tile in L2
         g = tl.program_id(0)  # (query-or-key) * H + head: row block g*P of the fused weight
@@ -234,7 +235,8 @@ if triton is not None:
             u.to(out_ptr.dtype.element_ty),
             mask=row_ok[:, None] & s_ok[None, :],
         )
-        tl.store(inv_ptr + b * sib + rows * sin_ + g * sig, inv, mask=row_ok)
+        if STORE_INV:
+            tl.store(inv_ptr + b * sib + rows * sin_ + g * sig, inv, mask=row_ok)
         if ENERGY:
             # this tile's share of sum_t m_t score_t^2, one slot per (sample, tile, g): summed outside, no atomics
             part = tl.sum(u * u * m[:, None], axis=0)  # (BLOCK_S,)
@@ -407,28 +409,31 @@ def _forward(
     energy: bool = False,
     out: tuple[Tensor, Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Launch the forward kernel: scores ``(B, N, H, 2, s)`` in x's dtype, ``inv`` ``(B, N, 2, H)`` float32 and,
-    with ``energy``, the per-tile energy shares ``(B, T, 2, H, s)`` float32 (into the contiguous buffers ``out``
-    when given: the tests poison them to see that every element is written)."""
+    """Launch the forward kernel: scores ``(B, N, H, 2, s)`` in x's dtype and, with ``energy``, the per-tile energy
+    shares ``(B, T, 2, H, s)`` float32; into the contiguous buffers ``out`` when given, with the inverse norms
+    ``(B, N, 2, H)`` float32 as well (the tests poison them to see that every element is written; otherwise the norms
+    are not stored, and the second value returned is None)."""
     B, N, C = x.shape
     H, P, S = w.shape[-3:]
     la = _launch(x, qk_weight, qk_bias, w, mask, carry, energy)
     if out is None:
         scores = torch.empty(B, N, H, 2, S, device=x.device, dtype=x.dtype)
-        inv = torch.empty(B, N, 2, H, device=x.device, dtype=torch.float32)
+        inv = None
         shares = torch.empty(B, la.tiles, 2, H, S, device=x.device, dtype=torch.float32) if energy else None
     else:
         scores, inv, shares = out
+    inv_buf = inv if inv is not None else scores  # a valid pointer, unwritten without STORE_INV
     # g = (query-or-key) * H + head indexes the fused weight's row blocks; the scores are stored per (head, q|k);
     # inv (B, N, 2, H) and the shares (B, T, 2, H, s) are contiguous, so g is their flat (q|k, head) index
     _scores_fwd[(2 * H, la.tiles, B)](
-        *la.pointers, scores, inv, shares if energy else inv,
+        *la.pointers, scores, inv_buf, shares if energy else inv_buf,
         *la.sizes,
         *la.strides,
         scores.stride(0), scores.stride(1), scores.stride(3), scores.stride(2), scores.stride(4),
-        inv.stride(0), inv.stride(1), inv.stride(3),
+        *((inv.stride(0), inv.stride(1), inv.stride(3)) if inv is not None else (0, 0, 0)),
         eps,
         **la.meta,
+        STORE_INV=inv is not None,
     )  # fmt: skip
     return scores, inv, shares
 
