@@ -205,7 +205,8 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
             ``TRITON_INTERPRET=1``. It replaces the score paths (and, with ``path="auto"``, is preferred to the
             rotated basis); where it cannot run, the layer warns once (``RuntimeWarning``, naming the cause) and
             uses the PyTorch score path. With ``compile=True`` the kernel is one opaque operator in the compiled core,
-            and the compiler fuses the work around it (the output map, the KSVD term, the casts). Off by default until the GPU figures justify it (docs/benchmarks.md 6).
+            and the compiler fuses the work around it (the output map, the KSVD term, the casts). Off by default
+            until the GPU figures justify it (docs/benchmarks.md 6).
         thresholds: where ``path="auto"`` switches to the rotated basis: a
             :class:`~primaldual.functional.primal_rotated.RotatedThresholds`, or a mapping of its fields (from a
             config file; the fields left out keep their defaults); None: the defaults. Unused by the other paths.

@@ -155,7 +155,9 @@ def build_case(
         from ..train.compile import compile_model
 
         inputs = list(next(iter(dm.val_dataloader()[0]))[:-1])  # the model's inputs, as the run's check takes them
-        say = lambda line: print(f"{spec}: {line}", flush=True)  # noqa: E731
+        def say(line: str) -> None:
+            print(f"{spec}: {line}", flush=True)
+
         compiled = compile_model(module.model, inputs, say, cfg.trainer.compile_mode)
     return StepCase(spec, cfg, module, opt, batch, int(params), int(batch[0].shape[0]), compiled, str(device))
 

@@ -57,8 +57,10 @@ def _compile_kwargs(model: nn.Module, mode: str) -> dict[str, Any]:
     once), the options that the mode sets (``torch._inductor.list_mode_options``, the listing its documentation
     names) merged with them."""
     options = compile_options(model)
-    if mode == "default" or not options:
-        return {"mode": mode} if mode != "default" else {"options": options}
+    if mode == "default":
+        return {"options": options}
+    if not options:
+        return {"mode": mode}
     from torch._inductor import list_mode_options
 
     return {"options": {**list_mode_options(mode), **options}}
