@@ -155,6 +155,7 @@ def build_case(
         from ..train.compile import compile_model
 
         inputs = list(next(iter(dm.val_dataloader()[0]))[:-1])  # the model's inputs, as the run's check takes them
+
         def say(line: str) -> None:
             print(f"{spec}: {line}", flush=True)
 
