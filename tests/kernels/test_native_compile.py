@@ -1,0 +1,97 @@
+"""The score kernels compile natively for NVIDIA GPUs, with no GPU present: Triton's own compiler, to a cubin for
+sm_80 (A100) and sm_90 (H100 / H200), with the constants a layer launches them with (width 768, 12 heads, s = 20).
+
+The interpreter tests check what the kernels compute; only a native compile checks what the interpreter lets pass
+(the shapes and dtypes of ``tl.dot`` on the tensor cores, the scan's lowering, constexpr branches, register and
+shared-memory use). It runs in a child process: ``TRITON_INTERPRET=1`` (set for the test session) turns every
+``@triton.jit`` function into an interpreted one at import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+triton = pytest.importorskip("triton", reason="the kernels extra (triton) is not installed")
+
+ROOT = Path(__file__).resolve().parents[2]
+PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+
+# (GPU architecture, dtype, causal, masked, energies, bias): a Hopper and an Ampere card, half and full precision
+CASES = [
+    (90, "bfloat16", True, True, True, True),  # every feature at once, as a causal padded training step uses them
+    (90, "float32", False, False, False, False),  # float32 products in IEEE precision
+    (80, "bfloat16", False, True, True, True),
+    (90, "float16", False, False, True, False),
+]
+
+SCRIPT = r"""
+import json, sys
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from primaldual.kernels import primal_scores as ks
+
+TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+INPUTS = {"x_ptr", "w_ptr", "b_ptr", "wes_ptr", "out_ptr", "g_ptr", "dqk_ptr"}  # in x's dtype; the rest float32
+
+
+def compile_(fn, dtype, consts, arch):
+    sig = {}
+    for name in fn.arg_names:
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            sig[name] = "*" + (TYPES[dtype] if name in INPUTS else "fp32")
+        else:
+            sig[name] = "fp32" if name == "eps" else "i32"
+    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", arch, 32))
+    return {"cubin_bytes": len(kernel.asm["cubin"]), "shared_bytes": kernel.metadata.shared}
+
+
+out = {}
+for arch, dtype, causal, masked, energy, bias in json.loads(sys.argv[1]):
+    dtype = getattr(torch, dtype)
+    B, N, C, H, P, S = 1, 65536, 768, 12, 64, 20
+    meta = {"device": "meta", "dtype": dtype}
+    x, wq, w = torch.empty(B, N, C, **meta), torch.empty(2 * H * P, C, **meta), torch.empty(2, H, P, S, **meta)
+    b = torch.empty(2 * H * P, **meta) if bias else None
+    m = torch.empty(B, N, device="meta") if masked else None
+    T = triton.cdiv(N, 64)
+    carry = (torch.empty(B, T, C, device="meta"), torch.empty(B, T, device="meta")) if causal else None
+    consts = ks._launch(x, wq, b, w, m, carry, energy).meta  # what the layer launches with
+    tag = f"sm{arch}-{TYPES[dtype]}-causal{int(causal)}-masked{int(masked)}-energy{int(energy)}"
+    out[f"fwd-{tag}"] = compile_(ks._scores_fwd, dtype, {**consts, "STORE_INV": False}, arch)
+    out[f"bwd-{tag}"] = compile_(ks._scores_bwd, dtype, consts, arch)
+    if causal:
+        sums = {"HAS_MASK": masked, "BLOCK_M": 64, "BLOCK_K": ks.BLOCK_K}
+        out[f"tile_sums-{tag}"] = compile_(ks._tile_sums, dtype, sums, arch)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not PTXAS.is_file(), reason="triton's bundled ptxas is missing")
+def test_the_kernels_compile_for_ampere_and_hopper():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"  # Triton's default, said explicitly (it warns otherwise)
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, json.dumps(CASES)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    compiled = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(compiled) == 2 * len(CASES) + 1
+    for name, info in compiled.items():
+        assert info["cubin_bytes"] > 0, name
+        # within an A100's shared memory per block (164 KB), with room to spare
+        assert info["shared_bytes"] < 100_000, (name, info)
