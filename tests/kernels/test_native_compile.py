@@ -1,10 +1,12 @@
 """The score kernels compile natively for NVIDIA GPUs, with no GPU present: Triton's own compiler, to a cubin for
-sm_80 (A100) and sm_90 (H100 / H200), with the constants a layer launches them with (width 768, 12 heads, s = 20).
+sm_80 (A100) and sm_90 (H100 / H200), with the constants and warps a layer launches them with (width 768, 12 heads,
+s = 20).
 
 The interpreter tests check what the kernels compute; only a native compile checks what the interpreter lets pass
-(the shapes and dtypes of ``tl.dot`` on the tensor cores, the scan's lowering, constexpr branches, register and
-shared-memory use). It runs in a child process: ``TRITON_INTERPRET=1`` (set for the test session) turns every
-``@triton.jit`` function into an interpreted one at import.
+(the shapes and dtypes of ``tl.dot`` on the tensor cores, the scan's lowering, constexpr branches), and ``ptxas -v``
+says what each thread uses: registers, and bytes spilled to local memory, which no half-precision kernel may do.
+It runs in a child process: ``TRITON_INTERPRET=1`` (set for the test session) turns every ``@triton.jit`` function
+into an interpreted one at import.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ CASES = [
 ]
 
 SCRIPT = r"""
-import json, sys
+import json, re, subprocess, sys, tempfile
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
@@ -42,8 +44,26 @@ TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 INPUTS = {"x_ptr", "w_ptr", "b_ptr", "wes_ptr", "out_ptr", "g_ptr", "dqk_ptr"}  # in x's dtype; the rest float32
 
 
+# registers and spill stores per thread, from ptxas -v on the kernel's PTX (None where this Triton does not say which
+# ptxas it uses)
+def usage(ptx, arch):
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+    except ImportError:
+        return None, None
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        gpu = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
+        cmd = [get_ptxas(arch).path, "-v", f"--gpu-name={gpu}", f.name, "-o", "/dev/null"]
+        log = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+    return int(re.search(r"Used (\d+) registers", log)[1]), int(re.search(r"(\d+) bytes spill stores", log)[1])
+
+
 def compile_(fn, dtype, consts, arch):
     sig = {}
+    consts = dict(consts)
+    warps = consts.pop("num_warps", 4)
     for name in fn.arg_names:
         if name in consts:
             sig[name] = "constexpr"
@@ -51,8 +71,16 @@ def compile_(fn, dtype, consts, arch):
             sig[name] = "*" + (TYPES[dtype] if name in INPUTS else "fp32")
         else:
             sig[name] = "fp32" if name == "eps" else "i32"
-    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", arch, 32))
-    return {"cubin_bytes": len(kernel.asm["cubin"]), "shared_bytes": kernel.metadata.shared}
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts)
+    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
+    registers, spilled = usage(kernel.asm["ptx"], arch)
+    return {
+        "cubin_bytes": len(kernel.asm["cubin"]),
+        "shared_bytes": kernel.metadata.shared,
+        "registers": registers,
+        "spill_store_bytes": spilled,
+        "half": dtype != torch.float32,
+    }
 
 
 out = {}
@@ -95,3 +123,5 @@ def test_the_kernels_compile_for_ampere_and_hopper():
         assert info["cubin_bytes"] > 0, name
         # within an A100's shared memory per block (164 KB), with room to spare
         assert info["shared_bytes"] < 100_000, (name, info)
+        if info["registers"] is not None and info["half"]:
+            assert info["spill_store_bytes"] == 0, (name, info)  # half precision: everything stays in registers
