@@ -434,7 +434,7 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
             return False
         from ..kernels.primal_scores import triton_unavailable_reason
 
-        reason = triton_unavailable_reason(x)
+        reason = triton_unavailable_reason(x, self._kernel_dtype(x))
         if reason is not None and self._kernel_fallback is None:
             self._kernel_fallback = reason
             warnings.warn(
@@ -497,6 +497,16 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         weight, bias = self._fused_output(p)
         return F.linear(scores.view(B, N, -1), weight, bias), term  # (B, N, H*2s) -> (B, N, C)
 
+    @staticmethod
+    def _kernel_dtype(x: Tensor) -> torch.dtype | None:
+        """The dtype the kernel computes in for ``x``: autocast's where it is on (an operator has no autocast rule,
+        so :meth:`_kernel_scores` casts as autocast would for the score path's GEMMs), else None (x's own). Float16
+        autocast never gets here: :meth:`_compute_dtype` computes in float32 and turns autocast off."""
+        dev = x.device.type
+        if torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev):
+            return torch.get_autocast_dtype(dev)
+        return None
+
     def _kernel_scores(
         self, x: Tensor, mask: Tensor | None, w: Tensor, p: dict[str, Tensor | None], ksvd: bool
     ) -> tuple[Tensor, Tensor | None]:
@@ -506,11 +516,7 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
 
         B, N, _ = x.shape
         qk_w, qk_b = p["qk_w"], p["qk_b"]
-        dev = x.device.type
-        if torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev):
-            # an operator has no autocast rule: cast as autocast would for the score path's GEMMs (float16 autocast
-            # never gets here: _compute_dtype computes in float32 and turns autocast off)
-            low = torch.get_autocast_dtype(dev)
+        if (low := self._kernel_dtype(x)) is not None:
             x, qk_w, w = x.to(low), qk_w.to(low), w.to(low)
             qk_b = qk_b.to(low) if qk_b is not None else None
         out = primal_scores_triton(x, qk_w, qk_b, w, self.eps, mask=mask, causal=self.causal, energies=ksvd)

@@ -69,8 +69,10 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def triton_unavailable_reason(x: Tensor) -> str | None:
-    """None if the kernel can run on ``x``'s device and dtype, else why not (for the layer's fallback warning)."""
+def triton_unavailable_reason(x: Tensor, dtype: torch.dtype | None = None) -> str | None:
+    """None if the kernel can run on ``x``'s device and shape in ``dtype`` (None: x's), else why not (for the layer's
+    fallback warning)."""
+    dtype = x.dtype if dtype is None else dtype
     if _IMPORT_ERROR is not None:
         return _IMPORT_ERROR
     if x.device.type == "cpu" and not _interpreting():
@@ -82,11 +84,11 @@ def triton_unavailable_reason(x: Tensor) -> str | None:
         )
     if x.device.type not in ("cpu", "cuda"):
         return f"the input is on {x.device.type}, not a CUDA device"
-    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        return f"dtype {x.dtype} is not supported (float32, float16, bfloat16)"
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return f"dtype {dtype} is not supported (float32, float16, bfloat16)"
     if x.dim() == 3 and (x.shape[0] > MAX_GRID or triton.cdiv(x.shape[1], 64) > MAX_GRID):
         return f"the input {tuple(x.shape)} has more than {MAX_GRID} samples or tiles of 64 tokens (the launch grid's limit)"
-    if x.device.type == "cuda" and x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) < (8, 0):
+    if x.device.type == "cuda" and dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) < (8, 0):
         return "bfloat16 products need a GPU of compute capability 8.0 or newer"
     if not _HAS_CUSTOM_OPS:
         return f"torch {torch.__version__} has no torch.library.custom_op (torch >= 2.4)"

@@ -272,7 +272,7 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, fresh: bool, verbose: bool) -
 
 
 # trainer keys that change how a run executes, not what it computes: a resume may switch them
-_HOW_KEYS = ("enable_progress_bar", "compile", "logger")
+_HOW_KEYS = ("enable_progress_bar", "compile", "compile_mode", "logger")
 
 
 def _same_run(saved: str, text: str) -> bool:

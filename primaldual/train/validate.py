@@ -158,7 +158,10 @@ def _validate_config(cfg: RunConfig) -> None:
     if t.compile and not task.compiles:
         raise ConfigError(f"trainer.compile: task {cfg.task!r} does not compile its model; set it to false")
     if t.compile_mode != "default" and not t.compile:
-        raise ConfigError(f"trainer.compile_mode: {t.compile_mode!r} applies only with trainer.compile true")
+        raise ConfigError(
+            f"trainer.compile_mode: {t.compile_mode!r} applies only with trainer.compile true (to run eagerly, set "
+            "it to default as well)"
+        )
     task.check(cfg)
 
 

@@ -22,7 +22,6 @@ import pytest
 triton = pytest.importorskip("triton", reason="the kernels extra (triton) is not installed")
 
 ROOT = Path(__file__).resolve().parents[2]
-PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 
 # (GPU architecture, dtype, causal, masked, energies, bias): a Hopper and an Ampere card, half and full precision
 CASES = [
@@ -36,6 +35,7 @@ SCRIPT = r"""
 import json, re, subprocess, sys, tempfile
 import torch
 import triton
+import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from primaldual.kernels import primal_scores as ks
@@ -45,19 +45,35 @@ INPUTS = {"x_ptr", "w_ptr", "b_ptr", "wes_ptr", "out_ptr", "g_ptr", "dqk_ptr"}  
 
 
 # registers and spill stores per thread, from ptxas -v on the kernel's PTX (None where this Triton does not say which
-# ptxas it uses)
+# ptxas it uses, or its answer cannot be read)
 def usage(ptx, arch):
     try:
         from triton.backends.nvidia.compiler import get_ptxas
-    except ImportError:
+
+        with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+            f.write(ptx)
+            f.flush()
+            gpu = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
+            cmd = [get_ptxas(arch).path, "-v", f"--gpu-name={gpu}", f.name, "-o", "/dev/null"]
+            log = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+        return int(re.search(r"Used (\d+) registers", log)[1]), int(re.search(r"(\d+) bytes spill stores", log)[1])
+    except Exception:
         return None, None
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-        f.write(ptx)
-        f.flush()
-        gpu = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
-        cmd = [get_ptxas(arch).path, "-v", f"--gpu-name={gpu}", f.name, "-o", "/dev/null"]
-        log = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
-    return int(re.search(r"Used (\d+) registers", log)[1]), int(re.search(r"(\d+) bytes spill stores", log)[1])
+
+
+@triton.jit
+def probe(x_ptr):
+    tl.store(x_ptr, tl.load(x_ptr) + 1.0)
+
+
+# the toolchain itself first: where this Triton cannot build a trivial kernel for an architecture (no working ptxas,
+# another ASTSource interface), the test is skipped with the reason; only a failure of our kernels fails it
+for arch in sorted({case[0] for case in json.loads(sys.argv[1])}):
+    try:
+        triton.compile(ASTSource(fn=probe, signature={"x_ptr": "*fp32"}, constexprs={}), target=GPUTarget("cuda", arch, 32))
+    except Exception as err:
+        print(json.dumps({"skip": f"Triton cannot build a trivial kernel for sm_{arch} here: {type(err).__name__}: {err}"[:500]}))
+        sys.exit(0)
 
 
 def compile_(fn, dtype, consts, arch):
@@ -104,12 +120,14 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.skipif(not PTXAS.is_file(), reason="triton's bundled ptxas is missing")
-def test_the_kernels_compile_for_ampere_and_hopper():
+def test_the_kernels_compile_for_ampere_and_hopper(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"  # Triton's default, said explicitly (it warns otherwise)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    script = tmp_path / "compile_kernels.py"  # a file: Triton reads a @jit function's source from its file
+    script.write_text(SCRIPT)
     done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, json.dumps(CASES)],
+        [sys.executable, str(script), json.dumps(CASES)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -118,6 +136,8 @@ def test_the_kernels_compile_for_ampere_and_hopper():
     )
     assert done.returncode == 0, done.stderr[-3000:]
     compiled = json.loads(done.stdout.strip().splitlines()[-1])
+    if "skip" in compiled:
+        pytest.skip(compiled["skip"])
     assert len(compiled) == 2 * len(CASES) + 1
     for name, info in compiled.items():
         assert info["cubin_bytes"] > 0, name

@@ -229,7 +229,7 @@ def test_layer_with_the_kernel_equals_the_layer_without(causal, masked, reductio
 
 
 def test_the_fallback_is_one_named_warning(monkeypatch):
-    monkeypatch.setattr(ks, "triton_unavailable_reason", lambda x: "no GPU here (test)")
+    monkeypatch.setattr(ks, "triton_unavailable_reason", lambda x, dtype=None: "no GPU here (test)")
     layer = pd.build_attention("primal", 16, 2, s=3, n=6, kernel="triton")
     ref = pd.build_attention("primal", 16, 2, s=3, n=6, path="scores")
     ref.load_state_dict(layer.state_dict())
@@ -279,3 +279,36 @@ def test_the_kernel_inside_the_compiled_core(causal, monkeypatch):
     assert rel_err(y1, y0) < TOL and rel_err(t1, t0) < 10 * TOL
     for a, b in zip(g1, g0):
         assert rel_err(a, b) < 10 * TOL
+
+
+def test_the_kernel_is_refused_for_the_dtype_it_would_compute_in(monkeypatch):
+    """Under bfloat16 autocast the kernel would compute in bfloat16: where that is refused (a GPU before sm_80), the
+    layer falls back with its one warning, not an error, though its input is float32."""
+    real = ks.triton_unavailable_reason
+    monkeypatch.setattr(
+        ks,
+        "triton_unavailable_reason",
+        lambda x, dtype=None: "no bfloat16 here (test)" if (dtype or x.dtype) == torch.bfloat16 else real(x, dtype),
+    )
+    torch.manual_seed(8)
+    ref = pd.build_attention("primal", 16, 2, causal=True, s=3, path="scores").to(DEV)
+    fused = pd.build_attention("primal", 16, 2, causal=True, s=3, kernel="triton").to(DEV)
+    fused.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 21, 16, device=DEV)
+    assert fused(x).dtype == torch.float32  # float32, no autocast: the kernel runs
+    with torch.autocast(DEV, dtype=torch.bfloat16):
+        with pytest.warns(RuntimeWarning, match=r"no bfloat16 here \(test\); this layer uses its PyTorch score path"):
+            y = fused(x)
+        assert torch.equal(y, ref(x))
+
+
+def test_the_operators_pass_torch_library_opcheck():
+    """Schema, fake implementation, autograd registration and the dispatcher, as torch.library checks an operator."""
+    torch.manual_seed(9)
+    x = torch.randn(2, 70, 16, device=DEV, requires_grad=True)
+    wq = torch.randn(32, 16, device=DEV, requires_grad=True)
+    b = torch.randn(32, device=DEV, requires_grad=True)
+    w = torch.randn(2, 2, 2, 8, 3, device=DEV, requires_grad=True)
+    mask = _padded(2, 70, DEV).float()
+    for causal, energy in ((False, False), (True, True)):
+        torch.library.opcheck(ks.primal_scores_op, (x, wq, b, w, mask, causal, energy, 1e-12))

@@ -238,3 +238,22 @@ def test_an_unmarked_folder_without_a_full_run_record_is_never_adopted(tmp_path,
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "nothing in it" in err[0], err
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+
+
+def test_a_resume_may_switch_how_the_run_compiles(tmp_path):
+    """trainer.compile / compile_mode change how a run executes, not what it computes: the run directory resumes with
+    them switched either way (and an older config.yaml, without compile_mode, reads as the default)."""
+    from primaldual.train.config import dump_config
+
+    eager = load_config("uea/JapaneseVowels/primalformer")
+    graphs = load_config(
+        "uea/JapaneseVowels/primalformer", ["--trainer.compile", "true", "--trainer.compile_mode", "reduce-overhead"]
+    )
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"progress")
+    for stored, resumed in ((eager, graphs), (graphs, eager)):
+        (run_dir / "config.yaml").write_text(dump_config(stored))
+        prepare_run_dir(resumed, run_dir, fresh=False, verbose=False)
+        assert (run_dir / "config.yaml").read_text() == dump_config(resumed)
+        assert (run_dir / "checkpoints" / "last.ckpt").read_bytes() == b"progress"
