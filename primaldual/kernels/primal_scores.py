@@ -527,19 +527,11 @@ def _scores_op(
     return scores, energies, sums, count
 
 
-def _scores_fake(
-    x: Tensor,
-    qk_weight: Tensor,
-    qk_bias: Tensor | None,
-    w: Tensor,
-    mask: Tensor | None,
-    causal: bool,
-    energy: bool,
-    eps: float,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _scores_fake(x: Tensor, _wq: Any, _b: Any, w: Tensor, _m: Any, causal: bool, energy: bool, _eps: Any) -> tuple:
+    """:func:`_scores_op`'s outputs without data (for tracing)."""
     B, N, C = x.shape
     H, S = w.shape[-3], w.shape[-1]
-    tiles = (N + _block_m(N) - 1) // _block_m(N)
+    tiles = -(-N // _block_m(N))
     f32 = {"device": x.device, "dtype": torch.float32}
     return (
         x.new_empty(B, N, H, 2, S),
@@ -572,20 +564,9 @@ def _grads_op(
     return tuple(g if g is not None else x.new_empty(_EMPTY) for g in grads)
 
 
-def _grads_fake(
-    grad: Tensor,
-    grad_energy: Tensor | None,
-    x: Tensor,
-    qk_weight: Tensor,
-    qk_bias: Tensor | None,
-    w: Tensor,
-    mask: Tensor | None,
-    sums: Tensor,
-    count: Tensor,
-    causal: bool,
-    eps: float,
-    needs: list[bool],
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _grads_fake(_g: Any, _ge: Any, x: Tensor, qk_weight: Tensor, qk_bias: Any, w: Tensor, *rest: Any) -> tuple:
+    """:func:`_grads_op`'s outputs without data (for tracing); ``rest`` ends with ``needs``."""
+    needs = rest[-1]
     like = (x, qk_weight, qk_bias, w)
     return tuple(t.new_empty(t.shape) if n and t is not None else x.new_empty(_EMPTY) for t, n in zip(like, needs))
 
