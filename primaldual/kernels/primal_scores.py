@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..functional.primal import causal_prefix_mean
+from ..functional.primal import causal_prefix_mean, primal_scores_from_input
 from ..functional.scan import prefix_sum
 
 __all__ = ["primal_scores_op", "primal_scores_triton", "triton_available", "triton_unavailable_reason"]
@@ -590,8 +590,42 @@ def _grads(ctx: Any, grad: Tensor | None, grad_energy: Tensor | None, *_: Tensor
     if grad is None:  # only the energies were used
         grad = torch.zeros(*x.shape[:2], *w.shape[-3:-2], 2, w.shape[-1], device=x.device, dtype=x.dtype)
     ge = grad_energy if ctx.energy and grad_energy is not None else None
-    out = primal_scores_grads(grad, ge, x, qk_weight, qk_bias, w, mask, sums, count, ctx.causal, ctx.eps, needs)
+    if torch.is_grad_enabled():  # create_graph=True: a derivative of these gradients follows
+        out = _grads_as_graph(grad, ge, x, qk_weight, qk_bias, w, mask, ctx.causal, ctx.eps, needs)
+    else:
+        out = primal_scores_grads(grad, ge, x, qk_weight, qk_bias, w, mask, sums, count, ctx.causal, ctx.eps, needs)
     return (*(g if n else None for g, n in zip(out, needs)), None, None, None, None)
+
+
+def _grads_as_graph(
+    grad: Tensor,
+    grad_energy: Tensor | None,
+    x: Tensor,
+    qk_weight: Tensor,
+    qk_bias: Tensor | None,
+    w: Tensor,
+    mask: Tensor | None,
+    causal: bool,
+    eps: float,
+    needs: list[bool],
+) -> tuple[Tensor | None, ...]:
+    """The gradients with a graph of their own, for double backward (gradient penalties, Hessian-vector
+    products): the backward kernel has no derivative, so the forward is recomputed on the PyTorch score path (the
+    same function, in float32 energies) and differentiated with ``create_graph=True``. Costs the unfused layer's
+    memory, only when asked for."""
+    # fresh nodes: each input's gradient is then its own partial (w may be a function of x: data-dependent weights)
+    x, qk_weight, w = x.view_as(x), qk_weight.view_as(qk_weight), w.view_as(w)
+    qk_bias = qk_bias.view_as(qk_bias) if qk_bias is not None else None
+    src = causal_prefix_mean(x, None if mask is None else mask.bool()) if causal else x  # (B, N, C)
+    scores = primal_scores_from_input(src, qk_weight, qk_bias, w, eps)[0]  # (B, N, H, 2, s)
+    outputs, grads = [scores], [grad]
+    if grad_energy is not None:
+        m = mask if mask is not None else x.new_ones(x.shape[:2], dtype=torch.float32)  # (B, N)
+        outputs.append(torch.einsum("bn,bnhts->bths", m, scores.float().square()))  # (B, 2, H, s)
+        grads.append(grad_energy)
+    inputs = [t for t, n in zip((x, qk_weight, qk_bias, w), needs) if n]
+    got = iter(torch.autograd.grad(outputs, inputs, grads, create_graph=True))
+    return tuple(next(got) if n else None for n in needs)
 
 
 # Registered as operators (opaque to torch.compile, which fuses the work around them), with

@@ -161,6 +161,51 @@ def test_causal_prologue_and_energies_match_the_score_path(B, N, C, H, P, S, dep
         assert got[0][~mask].abs().max() == 0
 
 
+@pytest.mark.parametrize("causal,masked,dependent", [(False, False, False), (True, True, True)])
+def test_double_backward_matches_the_score_path(causal, masked, dependent):
+    """``create_graph=True`` through the kernel (a gradient penalty): the first gradients equal the score path's,
+    and so does the gradient of a function of them, for every input, energies included."""
+    torch.manual_seed(7)
+    B, N, C, H, P, S = 2, 70, 24, 2, 8, 3
+    x = torch.randn(B, N, C, device=DEV, requires_grad=True)
+    wq = torch.randn(2 * H * P, C, device=DEV, requires_grad=True)
+    b = torch.randn(2 * H * P, device=DEV, requires_grad=True)
+    w = torch.randn(*((B,) if dependent else ()), 2, H, P, S, device=DEV, requires_grad=True)
+    mask = _padded(B, N, DEV) if masked else None
+    params = [x, wq, b, w]
+    results = []
+    for fused in (True, False):
+        if fused:
+            out, energies = ks.primal_scores_triton(x, wq, b, w, mask=mask, causal=causal, energies=True)
+        else:
+            out, energies = _reference(x, wq, b, w, mask, causal)
+        loss = out.sin().sum() + energies.sqrt().sum()
+        first = torch.autograd.grad(loss, [x, wq], create_graph=True)
+        penalty = sum(g.square().sum() for g in first)
+        results.append(([g.detach() for g in first], torch.autograd.grad(penalty, params)))
+    (first, second), (ref_first, ref_second) = results
+    for got, want in zip([*first, *second], [*ref_first, *ref_second]):
+        assert torch.isfinite(got).all() and rel_err(got, want) < 10 * TOL
+
+
+def test_a_gradient_penalty_through_the_layer():
+    """PrimalAttention(kernel="triton"): a penalty on the input's gradient trains as the default layer's does (its
+    data-dependent weights are a function of the input: each operand's gradient is still its own partial)."""
+    torch.manual_seed(3)
+    ref = pd.build_attention("primal", 16, 2, s=3, n=6, path="scores").to(DEV)
+    fused = pd.build_attention("primal", 16, 2, s=3, n=6, kernel="triton").to(DEV)
+    fused.load_state_dict(ref.state_dict())
+    grads = []
+    for layer in (ref, fused):
+        x = torch.randn(2, 21, 16, device=DEV, generator=torch.Generator(DEV).manual_seed(0), requires_grad=True)
+        (gx,) = torch.autograd.grad(layer(x).square().sum(), x, create_graph=True)
+        gx.square().sum().backward()
+        grads.append([gx.detach(), x.grad, *(p.grad for p in layer.parameters() if p.grad is not None)])
+    assert len(grads[0]) == len(grads[1]) > 2
+    for a, c in zip(*grads):
+        assert rel_err(a, c) < 10 * TOL
+
+
 def test_the_mask_is_checked():
     x, wq, w = torch.randn(2, 9, 16, device=DEV), torch.randn(32, 16, device=DEV), torch.randn(2, 2, 8, 3, device=DEV)
     with pytest.raises(ValueError, match=r"mask: expected a bool tensor of shape \(2, 9\)"):
