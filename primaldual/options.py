@@ -17,6 +17,7 @@ from dataclasses import field, fields
 from typing import Any
 
 __all__ = [
+    "UnusedOptionWarning",
     "check_bool",
     "check_choice",
     "check_device",
@@ -27,6 +28,13 @@ __all__ = [
     "check_optional_str",
     "checked",
 ]
+
+
+class UnusedOptionWarning(UserWarning):
+    """An option was given that the object built will not read in its mode (e.g. primal's token sampling on a causal
+    layer): it is named, never silently dropped. ``warnings.simplefilter("error", UnusedOptionWarning)`` makes it an
+    error."""
+
 
 _PATH_PART = re.compile(r"[^./\\\x00-\x1f][^/\\\x00-\x1f]*")  # one path component: no separator, no leading dot
 

@@ -53,6 +53,8 @@ class LinearAttention(QKVAttention):
         super().__init__(dim, num_heads, **kw)
         self.eps = check_number("eps", eps, low=0.0, low_open=True)
         self.chunk_size = check_int("chunk_size", chunk_size, low=1)
+        if chunk_size != 64 and not self.causal:
+            raise ValueError("chunk_size: only the causal scan reads it; this layer (causal=False) would ignore it")
 
     def init_state(
         self, batch: int, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None

@@ -72,7 +72,7 @@ from ..functional.primal import (
     sample_tokens,
 )
 from ..functional.primal_rotated import DEFAULT_THRESHOLDS, RotatedThresholds, primal_output_rotated, use_rotated
-from ..options import check_bool, check_choice, check_int, check_number
+from ..options import UnusedOptionWarning, check_bool, check_choice, check_int, check_number
 from .base import AttentionLayer
 from .capabilities import Capabilities
 from .registry import register_attention
@@ -268,6 +268,22 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
                 f"head_dim={self.head_dim}, so num_heads * head_dim must equal dim; got {self.inner_dim}"
             )
         self.s = s
+        if path != "auto" and thresholds != DEFAULT_THRESHOLDS:
+            raise ValueError(f"thresholds: only path='auto' reads it; this layer (path={path!r}) would ignore it")
+        # the sampling options only the data-dependent weights read: shared option sets (a plan for causal and
+        # bidirectional models alike) carry them, so they are named, not refused
+        if not data_dependent and (
+            unused := [
+                k for k, v, d in (("n", n, None), ("rank_multi", rank_multi, 10), ("max_len", max_len, None)) if v != d
+            ]
+        ):
+            warnings.warn(
+                f"primal attention: {', '.join(unused)} set, but only the data-dependent weights read "
+                f"{'it' if len(unused) == 1 else 'them'}; this layer (causal={self.causal}, data_dependent=False) "
+                "ignores them",
+                UnusedOptionWarning,
+                stacklevel=3,
+            )
         self.data_dependent = bool(data_dependent)
         self.n = (n if n is not None else min(max_len or s * rank_multi, s * rank_multi)) if data_dependent else None
         self.padding = padding

@@ -203,6 +203,8 @@ class _SVRAttention(QKVAttention):
             sh["factors"] = check_factors(sh["factors"], self.num_heads)
             if self.causal and sh["grid"] is not None:
                 raise ValueError("grid pooling is for non-causal patch grids; use grid=None with causal=True")
+        if kern.get("chunk_size", 64) != 64 and not self.causal:
+            raise ValueError("chunk_size: only the causal scan reads it; this layer (causal=False) would ignore it")
         if self.kernel == "linear" and self.attn_drop:
             raise ValueError("attn_drop must be 0 for linear attention (no attention matrix is formed)")
         self.bn_options = bn or {}

@@ -35,6 +35,7 @@ import torch
 from torch.utils.data import Dataset
 
 from .cache import MissingDataError, dataset_dir
+from .npy import load_npy
 
 __all__ = [
     "ENGLISH_HINT",
@@ -66,7 +67,7 @@ def load_token_file(path: str | os.PathLike) -> np.ndarray:
     path = Path(path)
     if not path.is_file():
         raise MissingDataError(f"token file {path} not found")
-    arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    arr = load_npy(path, mmap_mode="r")
     if arr.ndim != 1 or arr.dtype.kind not in "iu":
         raise ValueError(f"{path}: expected a 1-D integer array, got {arr.dtype} {arr.shape}")
     return arr
@@ -156,7 +157,17 @@ def load_english_metadata(root: str | os.PathLike | None = None) -> dict[str, An
     meta = d / "metadata.json"
     if not meta.is_file():
         raise MissingDataError(f"English corpus not found in {d}. " + ENGLISH_HINT)
-    return json.loads(meta.read_text(encoding="utf-8"))
+    try:
+        values = json.loads(meta.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as e:
+        raise ValueError(f"{meta}: not readable JSON ({e})") from None
+    splits = values.get("splits") if isinstance(values, dict) else None
+    vocab = values.get("tokenizer", {}).get("vocab_size") if isinstance(values, dict) else None
+    if not isinstance(splits, dict) or not all(isinstance(v, dict) and "token_file" in v for v in splits.values()):
+        raise ValueError(f"{meta}: expected 'splits' mapping each split to its 'token_file'")
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1:
+        raise ValueError(f"{meta}: expected tokenizer.vocab_size, a positive int, got {vocab!r}")
+    return values
 
 
 def load_english_lm(
@@ -179,7 +190,16 @@ def load_english_lm(
         key = aliases.get(s, s)
         if key not in meta["splits"]:
             raise ValueError(f"split: expected among {list(meta['splits'])}, got {s!r}")
-        tokens[s] = load_token_file(d / meta["splits"][key]["token_file"])
+        file = d / meta["splits"][key]["token_file"]
+        if not file.resolve().is_relative_to(d.resolve()):
+            raise ValueError(f"{d / 'metadata.json'}: splits.{key}.token_file points outside the corpus ({file})")
+        tokens[s] = load_token_file(file)
+        vocab = meta["tokenizer"]["vocab_size"]
+        if tokens[s].size and (int(tokens[s].min()) < 0 or int(tokens[s].max()) >= vocab):
+            raise ValueError(
+                f"{file}: token ids must lie in [0, {vocab}) (tokenizer.vocab_size), got "
+                f"[{int(tokens[s].min())}, {int(tokens[s].max())}]"
+            )
         info[s] = meta["splits"][key]
     out = chunk_splits(tokens, tokens_per_sample, eval_last=eval_last, info={"dataset": "english", "root": str(d)})
     for s, ds in out.items():

@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import Dataset
 
 from .cache import MissingDataError, dataset_dir
+from .npy import load_npy
 
 __all__ = ["PATHFINDER_SPLITS", "PathfinderDataset", "read_pathfinder_release"]
 
@@ -33,30 +34,13 @@ FETCH_HINT = (
 )
 
 
-def _load_npy(path: Path) -> np.ndarray:
-    """``np.load`` in the safe mode; a pickled (object) array or a malformed file is a ``ValueError`` naming it."""
-    try:
-        return np.load(path, allow_pickle=False)
-    except ValueError as e:
-        if "allow_pickle" in str(e):
-            raise ValueError(
-                f"{path}: refused to load: it holds pickled Python objects, which are never unpickled (that could "
-                "run code from the file); expected a plain numeric or string array"
-            ) from None
-        raise ValueError(f"{path}: not a readable .npy file ({e})") from None
-    except FileNotFoundError:
-        raise
-    except (OSError, EOFError) as e:
-        raise ValueError(f"{path}: not a readable .npy file ({e})") from None
-
-
 def _metadata_rows(path: Path) -> list[list[str]]:
     """The rows of one release metadata file: text lines of space-separated fields (the LRA release's format,
     despite the ``.npy`` suffix), or a real ``.npy`` string array (read without pickle)."""
     with open(path, "rb") as f:
         magic = f.read(6)
     if magic == b"\x93NUMPY":
-        return [[str(x) for x in row] for row in np.atleast_2d(_load_npy(path))]
+        return [[str(x) for x in row] for row in np.atleast_2d(load_npy(path))]
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -141,8 +125,8 @@ class PathfinderDataset(Dataset):
             img_file = root / f"{split}_images.npy"
             if not img_file.is_file():
                 raise MissingDataError(f"Pathfinder split {split!r} not found at {img_file}. " + FETCH_HINT)
-            images = _load_npy(img_file)
-            labels = _load_npy(root / f"{split}_labels.npy")
+            images = load_npy(img_file)
+            labels = load_npy(root / f"{split}_labels.npy")
             source = "generated"
         self.images = images.reshape(len(images), -1)  # (M, S*S) row-major pixel tokens
         self.labels = labels

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..checks import check_qkv
+from ..options import check_bool, check_int, check_number
 
 __all__ = ["elu_feature_map", "linear_attention", "linear_attention_weights"]
 
@@ -64,10 +65,12 @@ def linear_attention(
         ``(out (B, H, Nq, Dv), weights or None)``.
     """
     key_mask = check_qkv(q, k, v, key_mask)
+    check_bool("causal", causal)
+    check_bool("need_weights", need_weights)
+    check_number("eps", eps, low=0.0, low_open=True)
+    check_int("chunk_size", chunk_size, low=1)
     if causal and q.shape[2] != k.shape[2]:
         raise ValueError(f"causal linear attention needs equal lengths, got q {q.shape[2]} and k {k.shape[2]}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     out_dtype = v.dtype
     if q.dtype in (torch.float16, torch.bfloat16):
         q, k, v = q.float(), k.float(), v.float()

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..checks import check_qkv
+from ..options import check_bool, check_number
 
 __all__ = ["CPU_EAGER_MAX_KEYS", "allowed_mask", "softmax_attention"]
 
@@ -91,6 +92,10 @@ def softmax_attention(
         ``(out (B, H, Nq, Dv), weights or None)``.
     """
     key_mask = check_qkv(q, k, v, key_mask)
+    check_bool("causal", causal)
+    check_bool("need_weights", need_weights)
+    check_number("scale", scale, allow_none=True)
+    check_number("dropout_p", dropout_p, low=0, high=1, high_open=True)
     if backend not in ("auto", "sdpa", "eager"):
         raise ValueError(f"backend must be 'auto', 'sdpa' or 'eager', got {backend!r}")
     if need_weights and backend == "sdpa":

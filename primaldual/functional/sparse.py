@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..checks import check_qkv
+from ..options import check_bool, check_number
 from .softmax import softmax_attention
 
 __all__ = ["check_pattern", "real_first_order", "sparse_attention", "sparse_pattern"]
@@ -102,6 +103,10 @@ def sparse_attention(
     """
     key_mask = check_qkv(q, k, v, key_mask)
     check_pattern(window, stride, num_global)
+    check_bool("causal", causal)
+    check_bool("need_weights", need_weights)
+    check_number("scale", scale, allow_none=True)
+    check_number("dropout_p", dropout_p, low=0, high=1, high_open=True)
     B, H, N, D = q.shape
     if k.shape[2] != N:
         raise ValueError(f"sparse attention is self-attention: q and k lengths differ ({N} vs {k.shape[2]})")

@@ -36,6 +36,7 @@ from .torch_nn import (
     check_causal_capability,
     key_mask_from_attention_mask,
     resolve_layer_indices,
+    with_original,
 )
 
 __all__ = ["PrimalTimmAttention", "TimmAttention", "convert_vision_transformer", "timm_attention"]
@@ -188,10 +189,13 @@ def convert_vision_transformer(
             v=(w[2 * inner :], None if b is None else b[2 * inner :]),
             out=(old.proj.weight, old.proj.bias),
             causal=False,
-            attn_drop=float(getattr(getattr(old, "attn_drop", None), "p", 0.0)),
-            proj_drop=float(getattr(getattr(old, "proj_drop", None), "p", 0.0)),
-            scale=getattr(old, "scale", None),
-            **options,
+            **with_original(
+                attention,
+                options,
+                attn_drop=float(getattr(getattr(old, "attn_drop", None), "p", 0.0)),
+                proj_drop=float(getattr(getattr(old, "proj_drop", None), "p", 0.0)),
+                scale=getattr(old, "scale", None),
+            ),
         )
         blocks[i].attn = cls(layer.dim, old.num_heads, layer=layer)
     return model

@@ -48,6 +48,7 @@ __all__ = [
     "key_mask_from_attention_mask",
     "key_mask_from_padding_mask",
     "resolve_layer_indices",
+    "with_original",
 ]
 
 _RESERVED_OPTIONS = ("causal", "qkv_bias", "head_dim", "device", "dtype")
@@ -183,6 +184,23 @@ def accepts_attention_dropout(name: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def with_original(name: str, options: dict[str, Any], **original: Any) -> dict[str, Any]:
+    """Keyword arguments for :func:`attention_from_projections`: a converted model's own settings (``attn_drop``,
+    ``proj_drop``, ``scale``), each replaced by the user's option of that name where given, plus the other options.
+    A user's ``scale`` or non-zero ``attn_drop`` that mechanism ``name`` cannot take is a ``TypeError``: the model's
+    own are dropped there (:func:`attention_from_projections`), a user's never silently."""
+    for key in _RESERVED_OPTIONS:
+        if key in options:
+            raise TypeError(f"option {key!r} is set from the model being converted; do not pass it")
+    if "scale" in options and "scale" not in attention_options(name):
+        raise TypeError(
+            f"option 'scale': attention {name!r} has no logit scale (its options: {sorted(attention_options(name))})"
+        )
+    if options.get("attn_drop") and not accepts_attention_dropout(name):
+        raise TypeError(f"option 'attn_drop': attention {name!r} has no attention weights to drop")
+    return {**original, **options}
 
 
 def check_causal_capability(name: str, causal: bool, where: str) -> None:
@@ -394,8 +412,7 @@ class MultiheadSelfAttention(nn.Module):
             v=(w[2 * C :], None if b is None else b[2 * C :]),
             out=(mha.out_proj.weight, mha.out_proj.bias),
             causal=causal,
-            attn_drop=mha.dropout,
-            **options,
+            **with_original(attention, options, attn_drop=mha.dropout),
         )
         return cls(C, mha.num_heads, attention, batch_first=mha.batch_first, causal=causal, layer=layer)
 

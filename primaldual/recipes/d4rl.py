@@ -75,7 +75,7 @@ import numpy as np
 from ..data.cache import dataset_dir
 from ..options import check_choice, check_int, check_number
 from ..rl.evaluate import ENV_IDS, REF_MAX_SCORE, REF_MIN_SCORE, env_key, make_env, normalized_score, require_rl
-from ..utils.io import atomic_dir, atomic_write_json, sha256_file
+from ..utils.io import DIR_MARK, atomic_dir, atomic_write_json, sha256_file
 
 __all__ = [
     "GENERATOR",
@@ -681,7 +681,7 @@ def check_generated_dir(out_dir: Path) -> None:
         isinstance(meta, dict)
         and meta.get("generator") == GENERATOR
         and isinstance(meta.get("file"), str)
-        and {p.name for p in out_dir.iterdir()} <= {"metadata.json", meta["file"]}
+        and {p.name for p in out_dir.iterdir()} <= {"metadata.json", meta["file"], DIR_MARK}
     )
     if not ours:
         raise FileExistsError(
@@ -832,7 +832,7 @@ def _generate(
     meta["keys"] = sorted(arrays)
     meta["seconds"] = round(time.perf_counter() - t0, 1)
     fname = f"{name}.hdf5"
-    with atomic_dir(out_dir, overwrite=overwrite) as tmp:
+    with atomic_dir(out_dir, overwrite=overwrite, owned=True) as tmp:  # check_generated_dir: the generator's
         _write_hdf5(tmp / fname, arrays, meta)
         meta["file"] = fname
         meta["bytes"] = (tmp / fname).stat().st_size

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "DIR_MARK",
     "atomic_dir",
     "atomic_write_bytes",
     "atomic_write_json",
@@ -71,32 +72,53 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None =
     return atomic_write_text(path, json.dumps(obj, indent=indent, allow_nan=allow_nan) + "\n")
 
 
+#: the file :func:`atomic_dir` leaves in every directory it builds: only a directory holding it is ever replaced
+DIR_MARK = ".primaldual-data"
+
+
 @contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike, *, overwrite: bool = False) -> Iterator[Path]:
+def atomic_dir(
+    path: str | os.PathLike, *, overwrite: bool = False, mark: str = DIR_MARK, owned: bool = False
+) -> Iterator[Path]:
     """Build a directory in a temporary sibling, then rename it to ``path`` when the block succeeds.
+
+    Every directory built here holds ``mark`` (written unless the block wrote its own), and an existing ``path`` is
+    replaced only when it holds ``mark`` too, or is empty: a directory primaldual did not write is never deleted.
 
     Args:
         path: final directory.
-        overwrite: replace an existing ``path``; otherwise an existing one is an error.
+        overwrite: replace an existing ``path`` (one that holds ``mark``, or an empty one); otherwise an existing
+            one is an error.
+        mark: the name of the marker file.
+        owned: the caller has checked that an existing ``path`` is primaldual's by other means (a generator's
+            metadata naming it, from before the mark), so it is replaced without ``mark``.
 
     Yields:
         The temporary directory to fill. On an exception it is removed and ``path`` is left untouched.
 
     Raises:
-        FileExistsError: ``path`` exists and ``overwrite`` is false.
+        FileExistsError: ``path`` exists and ``overwrite`` is false, or it holds files without ``mark``.
     """
     path = Path(path)
     if path.exists() and not overwrite:
-        raise FileExistsError(f"{path} already exists (pass overwrite=True / --force to regenerate it)")
+        raise FileExistsError(f"{path} already exists (--force, or overwrite=True, replaces it)")
+    unmarked = not (path / mark).is_file() and (not path.is_dir() or any(path.iterdir()))
+    if path.exists() and unmarked and not owned:
+        raise FileExistsError(
+            f"{path} exists and holds files primaldual did not write (no {mark} in it); nothing in it was touched. "
+            "Choose another directory, or empty or remove this one yourself"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         yield tmp
+        if not (tmp / mark).exists():
+            (tmp / mark).write_text("written by primaldual; a directory holding this file may be replaced by it\n")
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would make a shared cache private to this user
         if path.exists():
-            # Move the old copy aside first so that the final rename is a single atomic step.
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
+            # the old copy goes aside under a fresh name (never a name someone else may hold), so that the final
+            # rename is a single atomic step
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
             os.replace(path, old)
             os.replace(tmp, path)
             shutil.rmtree(old, ignore_errors=True)

@@ -105,7 +105,9 @@ def test_every_mechanism_takes_empty_inputs_with_a_backward(name, causal, shape)
     caps = next(i.capabilities for i in pd.list_attentions() if i.name == name)
     if (causal and not caps.causal) or (not causal and not caps.non_causal):
         pytest.skip(f"{name} has no {'causal' if causal else 'non-causal'} form")
-    layer = pd.build_attention(name, DIM, 2, causal=causal, **({"max_len": 8} if name == "primal" else {}))
+    layer = pd.build_attention(
+        name, DIM, 2, causal=causal, **({"max_len": 8} if name == "primal" and not causal else {})
+    )
     x = torch.randn(*shape, DIM, requires_grad=True)
     y = layer(x)
     assert y.shape == (*shape, DIM)

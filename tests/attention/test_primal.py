@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
@@ -245,6 +247,30 @@ def test_n_resolution():
     layer = _layer(s=3, rank_multi=4)
     assert layer.w_e.shape == layer.w_r.shape == (H, 12, 3) and layer.lam.shape == (H, 3)
     assert _layer(data_dependent=False, s=3).w_e.shape == (H, DIM // H, 3)
+
+
+@pytest.mark.parametrize(
+    "opts,unused",
+    [
+        ({"causal": True, "n": 5}, "n set"),
+        ({"causal": True, "max_len": 7, "rank_multi": 3}, "rank_multi, max_len set"),
+        ({"data_dependent": False, "rank_multi": 3}, r"rank_multi set.*\(causal=False, data_dependent=False\)"),
+    ],
+)
+def test_sampling_options_a_layer_ignores_are_named(opts, unused):
+    from primaldual.options import UnusedOptionWarning
+
+    with pytest.warns(UnusedOptionWarning, match=rf"primal attention: {unused}"):
+        pd.build_attention("primal", DIM, H, **opts)
+    mode = {k: v for k, v in opts.items() if k in ("causal", "data_dependent")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # at their defaults: nothing to say
+        pd.build_attention("primal", DIM, H, **mode, n=None, rank_multi=10, max_len=None)
+
+
+def test_thresholds_outside_path_auto_are_an_error():
+    with pytest.raises(ValueError, match=r"thresholds: only path='auto' reads it; this layer \(path='scores'\)"):
+        pd.build_attention("primal", DIM, H, path="scores", thresholds={"min_tokens_eager": 8})
 
 
 def test_initialisation_as_reference():

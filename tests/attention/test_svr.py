@@ -265,3 +265,10 @@ def test_causal_bn_lm_in_float16_is_finite():
         ref = model(ids)
         out = model.half()(ids)
         assert torch.isfinite(out).all() and rel_err(out, ref) < 3e-2, attention
+
+
+@pytest.mark.parametrize("name", ["linear", "linear_sh"])
+def test_chunk_size_only_where_the_causal_scan_reads_it(name):
+    with pytest.raises(ValueError, match=r"chunk_size: only the causal scan reads it; this layer \(causal=False\)"):
+        pd.build_attention(name, 16, 2, chunk_size=16)
+    assert pd.build_attention(name, 16, 2, causal=True, chunk_size=16).attend is not None

@@ -116,3 +116,31 @@ def test_load_english_lm(tmp_path):
         load_token_file(tmp_path / "bad.npy")
     with pytest.raises(ValueError, match="split"):
         load_english_lm(tmp_path, splits=("dev",))
+
+
+def test_bad_corpus_files_are_named(tmp_path):
+    """Each malformed file of a corpus is a ValueError naming it: pickles refused (never loaded), truncated or empty
+    arrays, an archive, bad metadata, ids outside the vocabulary, a token file outside the corpus."""
+    np.save(tmp_path / "obj.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    np.save(tmp_path / "ok.npy", np.arange(10, dtype=np.uint16))
+    (tmp_path / "trunc.npy").write_bytes((tmp_path / "ok.npy").read_bytes()[:-6])
+    (tmp_path / "empty.npy").write_bytes(b"")
+    np.savez(tmp_path / "x.npz", a=np.arange(3))
+    for name, why in [("obj", "pickled Python objects"), ("trunc", "not a readable"), ("empty", "not a readable"),
+                      ("x.npz", "an .npz archive")]:  # fmt: skip
+        path = tmp_path / (name if name.endswith(".npz") else f"{name}.npy")
+        with pytest.raises(ValueError, match=rf"{path}: .*{why}"):
+            load_token_file(path)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    np.save(corpus / "train.npy", np.array([1, 2, 400], dtype=np.uint16))
+    for meta, why in [
+        ("{not json", "not readable JSON"),
+        ("{}", "expected 'splits'"),
+        ('{"splits": {"train": {"token_file": "train.npy"}}, "tokenizer": {"vocab_size": "300"}}', "vocab_size"),
+        ('{"splits": {"train": {"token_file": "train.npy"}}, "tokenizer": {"vocab_size": 300}}', r"\[0, 300\)"),
+        ('{"splits": {"train": {"token_file": "../ok.npy"}}, "tokenizer": {"vocab_size": 300}}', "outside the corpus"),
+    ]:
+        (corpus / "metadata.json").write_text(meta)
+        with pytest.raises(ValueError, match=why):
+            load_english_lm(corpus, splits=("train",))

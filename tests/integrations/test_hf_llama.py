@@ -1,4 +1,5 @@
-"""primaldual.integrations.hf.convert on Llama: grouped K / V heads, rotary embeddings, the cache, save and load."""
+"""primaldual.integrations.hf.convert on Llama and the model types of its layout (Mistral, Qwen2, Gemma, Granite,
+OLMo, SmolLM3, Phi-3): grouped K / V heads, rotary embeddings, the cache, save and load, and what is refused."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from .tiny_models import tiny, token_batch
+from .tiny_models import ROTARY, tiny, token_batch
 
 pytest.importorskip("transformers")
 hf = pytest.importorskip("primaldual.integrations.hf")
@@ -136,3 +137,72 @@ def test_recomputing_mechanisms_still_decode_exactly():
     mask = torch.ones_like(ids)
     assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False),
                        _greedy(model, ids, mask, 4))  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(ROTARY))
+def test_every_llama_layout_type_converts_faithfully(name):
+    """Softmax in every layer gives the original's logits (grouped heads, biases (Qwen2), the fused qkv_proj
+    (Phi-3), the logit scale (Granite), NoPE layers (SmolLM3)); a primal last layer decodes with its state."""
+    overrides = {"attention_multiplier": 0.7} if name == "granite" else {}  # not 1 / sqrt(head_dim)
+    model = tiny(name, **overrides)
+    ids, mask = _left_padded()
+    conv = hf.convert(copy.deepcopy(model), "softmax", "all")
+    torch.testing.assert_close(_logits(conv, ids, mask), _logits(model, ids, mask), rtol=0, atol=1e-5)
+    with pytest.warns(UserWarning, match="takes no rotary position embeddings"):
+        conv = hf.convert(copy.deepcopy(model), "primal", (0,), s=4)
+    got = conv.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=1)
+    assert torch.equal(got, _greedy(conv, ids, mask, 3))
+
+
+def test_nope_layers_take_no_rotary_tables():
+    conv = hf.convert(tiny("smollm3"), "softmax", "all")
+    assert [layer.self_attn.uses_rope for layer in conv.model.layers] == [True, False]
+
+
+@pytest.mark.parametrize(
+    "name,overrides,layers,message",
+    [
+        ("mistral", {"sliding_window": 16}, "all", r"layer 0: sliding-window attention \(sliding_window=16\)"),
+        ("qwen2", {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1}, (1,),
+         r"layer 1: sliding-window attention"),
+        ("olmo", {"clip_qkv": 8.0}, "all", r"layer 0: clamped projections \(clip_qkv=8.0\)"),
+        ("phi3", {"partial_rotary_factor": 0.5}, "all", r"layer 0: partial rotary embeddings \(partial_rotary_factor=0.5\)"),
+    ],
+)  # fmt: skip
+def test_what_a_converted_layer_cannot_reproduce_is_refused(name, overrides, layers, message):
+    model = tiny(name, **overrides)
+    with pytest.raises(ValueError, match=rf"model type {name!r}, {message}"):
+        hf.convert(model, "softmax", layers)
+    if name == "qwen2":  # its first layer is full attention: that one converts
+        hf.convert(model, "softmax", (0,))
+
+
+def test_query_key_norms_are_refused():
+    """Qwen3 normalises q and k per head: not a supported type, and the layout check would name the norms."""
+    import transformers
+
+    from primaldual.integrations.hf.architectures import _rotary_layout
+
+    cfg = transformers.Qwen3Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                   num_hidden_layers=1, intermediate_size=64, vocab_size=50)  # fmt: skip
+    attn = transformers.Qwen3ForCausalLM(cfg).model.layers[0].self_attn
+    assert "query / key norms" in _rotary_layout(attn)
+    with pytest.raises(ValueError, match="unsupported architecture: model type 'qwen3'"):
+        hf.convert(transformers.Qwen3ForCausalLM(cfg), "softmax", "all")
+
+
+@pytest.mark.parametrize("mech,options,message", [
+    ("primal", {"scale": 0.3}, "option 'scale': attention 'primal' has no logit scale"),
+    ("primal", {"attn_drop": 0.2}, "option 'attn_drop': attention 'primal' has no attention weights to drop"),
+])  # fmt: skip
+def test_an_option_the_mechanism_cannot_take_is_named(mech, options, message):
+    with pytest.raises(TypeError, match=message):
+        hf.convert(tiny("llama"), mech, (-1,), s=4, **options)
+
+
+def test_the_users_scale_replaces_the_models():
+    model = tiny("llama")
+    conv = hf.convert(copy.deepcopy(model), "softmax", "all", scale=0.05)
+    assert conv.model.layers[0].self_attn.attn.scale == 0.05
+    ids, mask = _left_padded()
+    assert (_logits(conv, ids, mask) - _logits(model, ids, mask)).abs().max() > 1e-4

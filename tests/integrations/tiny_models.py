@@ -7,8 +7,8 @@ import torch
 
 
 def tiny(name: str, **overrides):
-    """A tiny, randomly initialised, eval-mode model: ``gpt2``, ``bert``, ``roberta``, ``vit``, ``dt`` or ``llama``
-    (grouped-query: 4 query heads on 2 key / value heads, RoPE)."""
+    """A tiny, randomly initialised, eval-mode model: ``gpt2``, ``bert``, ``roberta``, ``vit``, ``dt``, or one of
+    :data:`ROTARY` (``llama`` and the others of its layout: 4 query heads on 2 key / value heads, RoPE)."""
     tr = pytest.importorskip("transformers")
     torch.manual_seed(0)
     if name == "gpt2":
@@ -28,12 +28,32 @@ def tiny(name: str, **overrides):
         kw = dict(state_dim=3, act_dim=2, hidden_size=32, n_layer=2, n_head=2, max_ep_len=20, n_positions=64)
         cfg = tr.DecisionTransformerConfig(**{**kw, **overrides})
         return tr.DecisionTransformerModel(cfg).eval()
-    if name == "llama":
+    if name in ROTARY:
+        prefix = ROTARY[name]
         kw = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64, vocab_size=50)
-        cfg = tr.LlamaConfig(**{**kw, "num_hidden_layers": 2, "max_position_embeddings": 64, "pad_token_id": 1,
-                                "bos_token_id": 0, "eos_token_id": 0, **overrides})  # fmt: skip
-        return tr.LlamaForCausalLM(cfg).eval()
+        kw.update(num_hidden_layers=2, max_position_embeddings=64, pad_token_id=1, bos_token_id=0, eos_token_id=0)
+        if name in ("mistral", "qwen2", "smollm3"):
+            kw["sliding_window"] = None  # (Mistral's default is 4096)
+        if name == "qwen2":
+            kw["use_sliding_window"] = False
+        if name == "smollm3":
+            kw["no_rope_layers"] = [1, 0]  # layer 1 takes no rotary tables (NoPE)
+        cfg = getattr(tr, f"{prefix}Config")(**{**kw, **overrides})
+        return getattr(tr, f"{prefix}ForCausalLM")(cfg).eval()
     raise ValueError(name)
+
+
+#: the tiny models with Llama's layout (grouped K / V heads, RoPE), by model type: transformers' class prefix
+ROTARY = {
+    "llama": "Llama",
+    "mistral": "Mistral",
+    "qwen2": "Qwen2",
+    "gemma": "Gemma",
+    "granite": "Granite",
+    "olmo": "Olmo",
+    "smollm3": "SmolLM3",
+    "phi3": "Phi3",
+}
 
 
 def token_batch(batch: int = 2, length: int = 9, pad_from: int | None = 6, vocab: int = 50):

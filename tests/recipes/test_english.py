@@ -578,6 +578,7 @@ def test_write_english_is_deterministic(tmp_path):
     b = E.write_english(debs, tmp_path / "b", vocab_size=320)
     files = sorted(p.name for p in a.iterdir())
     assert files == [
+        ".primaldual-data",  # the mark: only a directory holding it is ever replaced
         "documents.tsv",
         "metadata.json",
         "test.txt",

@@ -69,3 +69,49 @@ def test_atomic_dir_follows_the_umask_not_mkdtemps_0700(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "dataset").stat().st_mode) == 0o755  # a shared cache stays readable by others
+
+
+def test_atomic_dir_replaces_only_what_primaldual_wrote(tmp_path):
+    """A directory without the mark (the user's) is never replaced, even with overwrite; one primaldual built (it
+    holds the mark) or an empty one is; the old copy goes aside under a fresh name, not a sibling of the user's."""
+    from primaldual.utils.io import DIR_MARK
+
+    user = tmp_path / "datasets"
+    user.mkdir()
+    (user / "thesis.tex").write_text("precious")
+    sibling = tmp_path / ".datasets.old"  # a name the old fixed aside path would have deleted
+    sibling.mkdir()
+    (sibling / "notes.txt").write_text("keep")
+    refused = pytest.raises(FileExistsError, match=r"holds files primaldual did not write \(no \.primaldual-data")
+    with refused, atomic_dir(user, overwrite=True) as tmp:
+        (tmp / "data.tsv").write_text("new")
+    assert [p.name for p in user.iterdir()] == ["thesis.tex"]
+    with atomic_dir(user, overwrite=True, owned=True) as tmp:  # the caller proved it is primaldual's
+        (tmp / "data.tsv").write_text("new")
+    assert sorted(p.name for p in user.iterdir()) == [DIR_MARK, "data.tsv"]
+    with atomic_dir(user, overwrite=True) as tmp:  # marked now: replaced
+        (tmp / "data.tsv").write_text("newer")
+    assert (user / "data.tsv").read_text() == "newer" and (sibling / "notes.txt").read_text() == "keep"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".datasets.old", "datasets"]  # no debris
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with atomic_dir(empty, overwrite=True) as tmp:
+        (tmp / "x").write_text("x")
+    assert (empty / "x").is_file()
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(FileExistsError, match="did not write"), atomic_dir(tmp_path / "file", overwrite=True):
+        pass
+
+
+def test_data_generate_force_refuses_a_users_directory(tmp_path, capsys):
+    from primaldual.cli import main
+
+    user = tmp_path / "userdir"
+    user.mkdir()
+    (user / "thesis.tex").write_text("precious")
+    args = ["data", "generate", "listops", "--train", "4", "--val", "2", "--test", "2", "--out", str(user)]
+    assert main([*args, "--force"]) == 2
+    assert "holds files primaldual did not write" in capsys.readouterr().err
+    assert [p.name for p in user.iterdir()] == ["thesis.tex"]
+    out = tmp_path / "generated"
+    assert main([*args[:-1], str(out)]) == 0 and main([*args[:-1], str(out), "--force"]) == 0  # its own: replaced

@@ -186,21 +186,54 @@ def _repeat_heads(proj: Projection, kv_heads: int, heads: int, head_dim: int, na
     return w, b
 
 
-def _llama(block: nn.Module) -> Site:
-    attn = getattr(block, "self_attn", None)
-    if attn is None or not all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
-        raise LayoutError("expected a Llama decoder layer with self_attn.q_proj/k_proj/v_proj/o_proj")
+def _rotary_layout(attn: nn.Module) -> str | None:
+    """Why a Llama-layout attention cannot be reproduced by a converted layer, or None: projections clamped,
+    normalised per head, rotated in part, or a sliding window (the converted layers attend to the whole prefix)."""
     cfg = attn.config
-    types = getattr(cfg, "layer_types", None) or []
-    if getattr(cfg, "sliding_window", None) or any(t != "full_attention" for t in types):
-        raise LayoutError("sliding-window layers are not supported (every layer must be full attention)")
+    if any(getattr(attn, n, None) is not None for n in ("q_norm", "k_norm")):
+        return "query / key norms (self_attn.q_norm, k_norm) are not supported"
+    if getattr(cfg, "clip_qkv", None) is not None:
+        return f"clamped projections (clip_qkv={cfg.clip_qkv}) are not supported"
+    rope = getattr(cfg, "rope_parameters", None)
+    part = rope.get("partial_rotary_factor", 1.0) if isinstance(rope, dict) else 1.0
+    if getattr(attn, "use_rope", True) and part != 1.0:
+        return f"partial rotary embeddings (partial_rotary_factor={part}) are not supported"
+    # the layer's own window where it keeps one (Qwen2, SmolLM3: None on full-attention layers), else the model's
+    window = getattr(attn, "sliding_window", getattr(cfg, "sliding_window", None))
+    types, i = getattr(cfg, "layer_types", None) or [], attn.layer_idx
+    if window or (i is not None and i < len(types) and types[i] != "full_attention"):
+        return f"sliding-window attention (sliding_window={window}) is not supported: a converted layer attends to the whole prefix"
+    return None
+
+
+def _rotary(block: nn.Module) -> Site:
+    """The Llama layout: ``self_attn`` with ``q_proj/k_proj/v_proj/o_proj`` (Phi-3: one fused ``qkv_proj``, rows
+    ``[q; k; v]``), grouped K / V heads, rotary tables from the decoder layer, the logit scale ``attn.scaling``
+    (Granite's is its own)."""
+    attn = getattr(block, "self_attn", None)
+    names = ("qkv_proj", "o_proj") if hasattr(attn, "qkv_proj") else ("q_proj", "k_proj", "v_proj", "o_proj")
+    if attn is None or not all(hasattr(attn, n) for n in names):
+        raise LayoutError(f"expected a decoder layer with self_attn.{'/'.join(names)}")
+    if (reason := _rotary_layout(attn)) is not None:
+        raise LayoutError(reason)
+    cfg = attn.config
     heads, kv_heads, head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, attn.head_dim
+    if hasattr(attn, "qkv_proj"):
+        w, b = _linear(attn.qkv_proj)
+        cut = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
+        if w.shape[0] != sum(cut):
+            raise LayoutError(
+                f"qkv_proj has {w.shape[0]} outputs, expected {heads} + 2 x {kv_heads} heads x {head_dim}"
+            )
+        q, k, v = zip(w.split(cut), b.split(cut) if b is not None else (None,) * 3)  # (rows, C) each
+    else:
+        q, k, v = _linear(attn.q_proj), _linear(attn.k_proj), _linear(attn.v_proj)
     return Site(
         attr="self_attn",
         module=attn,
-        q=_linear(attn.q_proj),
-        k=_repeat_heads(_linear(attn.k_proj), kv_heads, heads, head_dim, "k_proj"),
-        v=_repeat_heads(_linear(attn.v_proj), kv_heads, heads, head_dim, "v_proj"),
+        q=q,
+        k=_repeat_heads(k, kv_heads, heads, head_dim, "k_proj"),
+        v=_repeat_heads(v, kv_heads, heads, head_dim, "v_proj"),
         out=_linear(attn.o_proj),
         num_heads=heads,
         causal=bool(getattr(attn, "is_causal", True)),
@@ -208,17 +241,19 @@ def _llama(block: nn.Module) -> Site:
         attn_drop=float(attn.attention_dropout),
         proj_drop=0.0,
         layer_idx=attn.layer_idx,
-        rope=True,
+        rope=bool(getattr(attn, "use_rope", True)),  # SmolLM3's NoPE layers take no tables
     )
 
 
+#: the model types with the Llama layout (:func:`_rotary`)
+ROTARY_MODEL_TYPES = ("llama", "mistral", "qwen2", "gemma", "granite", "olmo", "smollm3", "phi3")
 _FAMILIES: dict[str, tuple[tuple[str, ...], Callable[[nn.Module], Site]]] = {
     "gpt2": (("transformer.h", "h"), _gpt2),
     "decision_transformer": (("encoder.h", "h"), _gpt2),
     "bert": (("bert.encoder.layer", "encoder.layer"), _bert),
     "roberta": (("roberta.encoder.layer", "encoder.layer"), _bert),
     "vit": (("vit.layers", "layers", "vit.encoder.layer", "encoder.layer"), _vit),
-    "llama": (("model.layers", "layers"), _llama),
+    **{t: (("model.layers", "layers"), _rotary) for t in ROTARY_MODEL_TYPES},
 }
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_FAMILIES))
 

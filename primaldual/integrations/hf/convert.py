@@ -23,7 +23,7 @@ from typing import Any
 
 from torch import nn
 
-from ..torch_nn import attention_from_projections, check_causal_capability, resolve_layer_indices
+from ..torch_nn import attention_from_projections, check_causal_capability, resolve_layer_indices, with_original
 from .architectures import find_blocks, read_site
 from .compat import (
     concrete_model_class,
@@ -95,6 +95,7 @@ def convert(
         sites.append(site)
     new = []
     for site, cache_keyword in zip(sites, cache_keywords):
+        own = with_original(attention, options, attn_drop=site.attn_drop, proj_drop=site.proj_drop, scale=site.scale)
         layer = attention_from_projections(
             attention,
             num_heads=site.num_heads,
@@ -103,10 +104,7 @@ def convert(
             v=site.v,
             out=site.out,
             causal=site.causal,
-            attn_drop=site.attn_drop,
-            proj_drop=site.proj_drop,
-            scale=site.scale,
-            **options,
+            **own,
         )
         layer.train(site.module.training)
         new.append(

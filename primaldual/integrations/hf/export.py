@@ -307,7 +307,7 @@ def save_hf(
     model = PrimalDualForCausalLM(config)
     model.model.load_state_dict(lm.state_dict())
     model.eval()
-    with atomic_dir(out, overwrite=True) as tmp:
+    with atomic_dir(out, overwrite=True, mark=EXPORT_MARK) as tmp:
         model.save_pretrained(tmp)
         if tokenizer_file is not None:
             from transformers import PreTrainedTokenizerFast
