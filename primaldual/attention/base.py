@@ -160,6 +160,15 @@ class AttentionLayer(nn.Module):
     ) -> None:
         super().__init__()
         self.head_dim = check_heads(dim, num_heads, head_dim)
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dtype must be a floating-point torch.dtype (e.g. torch.float32) or None, got {dtype!r}")
+        if device is not None and not isinstance(device, torch.device):
+            try:
+                torch.device(device)
+            except (RuntimeError, TypeError):
+                raise ValueError(
+                    f"device: expected a torch.device or a name such as 'cpu' or 'cuda:0', got {device!r}"
+                ) from None
         self.dim = dim
         self.num_heads = num_heads
         self.inner_dim = num_heads * self.head_dim
@@ -283,18 +292,21 @@ class AttentionLayer(nn.Module):
         term is recorded."""
         self._check_decoding()
         self._check_step_rope(rope, x_t)  # recomputing mechanisms take none: refused by name
-        x_t, mask_t = self._check_step(x_t, mask_t)
+        x_t, mask_t = self._check_step(x_t, mask_t, state)
         x = torch.cat([state.x, x_t[:, None]], 1)  # (B, T+1, C)
         mask = torch.cat([state.mask, mask_t[:, None]], 1)  # (B, T+1)
         out, _ = self._forward(x, mask, False)  # (B, T+1, C): the causal output at the last position is y_t
         y = out[:, -1].masked_fill(~mask_t[:, None], 0.0)  # (B, C)
         return y, PrefixState(x, mask)
 
-    def _check_step(self, x_t: Tensor, mask_t: Tensor | None) -> tuple[Tensor, Tensor]:
+    def _check_step(self, x_t: Tensor, mask_t: Tensor | None, state: Any = None) -> tuple[Tensor, Tensor]:
+        """``(x_t, mask_t)`` checked (``mask_t`` None: all real), and ``x_t``'s batch against ``state``'s."""
         if not isinstance(x_t, Tensor) or x_t.dim() != 2 or x_t.shape[-1] != self.dim:
             shape = tuple(x_t.shape) if isinstance(x_t, Tensor) else type(x_t).__name__
             raise ValueError(f"x_t must have shape (B, {self.dim}) (one token per sequence), got {shape}")
         B = x_t.shape[0]
+        if (held := _state_batch(state)) is not None and held != B:
+            raise ValueError(f"x_t has {B} sequences, but the state was built for {held} (init_state / prefill)")
         if mask_t is None:
             return x_t, torch.ones(B, dtype=torch.bool, device=x_t.device)
         if not isinstance(mask_t, Tensor) or mask_t.dim() != 1:
@@ -380,3 +392,14 @@ class QKVAttention(AttentionLayer):
         # the cache owns its buffers (appending and pruning write in place; k and v are views of one projection)
         k_buf, v_buf = (t.detach().clone(memory_format=torch.contiguous_format) for t in (k, v))
         return self._out(out), KVCache.of(k_buf, v_buf, real.clone())
+
+
+def _state_batch(state: Any) -> int | None:
+    """The batch of a decoding state: dim 0 of its first tensor (states are named tuples of tensors, nested), or
+    None where it holds none."""
+    if isinstance(state, Tensor):
+        return state.shape[0] if state.dim() else None
+    for part in state if isinstance(state, tuple) else ():
+        if (b := _state_batch(part)) is not None:
+            return b
+    return None

@@ -214,7 +214,7 @@ class HybridAttention(AuxLossMixin, SparseAttention):
         """Decode one token: the window on the cache plus the primal branch on the running sums (see
         :meth:`AttentionLayer.step`); equal to the forward at this position."""
         self._check_decoding()
-        x_t, mask_t = self._check_step(x_t, mask_t)
+        x_t, mask_t = self._check_step(x_t, mask_t, state)
         tables = self._check_step_rope(rope, x_t)
         q, k, v = self._qkv_step(x_t)  # (B, H, 1, D) each
         qr, kr = (q, k) if tables is None else apply_rope(q, k, *tables)

@@ -82,7 +82,7 @@ class LinearAttention(QKVAttention):
     ) -> tuple[Tensor, LinearState]:
         """Decode one token from the running sums (see :meth:`AttentionLayer.step`)."""
         self._check_decoding()
-        x_t, mask_t = self._check_step(x_t, mask_t)
+        x_t, mask_t = self._check_step(x_t, mask_t, state)
         self._check_step_rope(rope, x_t)  # takes none: refused by name
         q, k, v = self._qkv_step(x_t)  # (B, H, 1, D) each
         fq, fk = elu_feature_map(q[:, :, 0]), elu_feature_map(k[:, :, 0])  # (B, H, D)

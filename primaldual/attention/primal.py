@@ -627,12 +627,11 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         """
         if not self.causal:
             raise RuntimeError("incremental decoding needs a causal primal layer (causal=True)")
-        if x_t.dim() != 2 or x_t.shape[-1] != self.dim:
-            raise ValueError(f"x_t must have shape (B, {self.dim}), got {tuple(x_t.shape)}")
+        given = mask_t
+        x_t, mask_t = self._check_step(x_t, mask_t, state)
+        mask_t = mask_t if given is not None else None  # no mask: the unmasked update
         self._check_step_rope(rope, x_t)  # takes none: refused by name
         B = x_t.shape[0]
-        if mask_t is not None:
-            mask_t = check_mask(mask_t[:, None], B, 1, x_t.device, "mask_t")[:, 0]
         qk = self.qk(x_t).view(B, 2, self.num_heads, self.head_dim)  # (B, 2, H, p)
         if mask_t is None or self.padding == "reference":
             take = torch.ones(B, dtype=x_t.dtype, device=x_t.device)

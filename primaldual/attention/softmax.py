@@ -43,7 +43,7 @@ class SoftmaxAttention(QKVAttention):
     ) -> tuple[Tensor, KVCache]:
         """Decode one token against the KV cache (see :meth:`AttentionLayer.step`)."""
         self._check_decoding()
-        x_t, mask_t = self._check_step(x_t, mask_t)
+        x_t, mask_t = self._check_step(x_t, mask_t, state)
         q, k, v = self._qkv_step(x_t, self._check_step_rope(rope, x_t))  # (B, H, 1, D) each
         cache = state.append(k, v, mask_t)
         out, _ = softmax_attention(q, cache.k, cache.v, key_mask=cache.mask, scale=self.scale)  # (B, H, 1, D)

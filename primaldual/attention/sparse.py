@@ -82,7 +82,7 @@ class SparseAttention(QKVAttention):
         """Decode one token on the sparse pattern, counted over each sequence's real tokens (see
         :meth:`AttentionLayer.step`)."""
         self._check_decoding()
-        x_t, mask_t = self._check_step(x_t, mask_t)
+        x_t, mask_t = self._check_step(x_t, mask_t, state)
         q, k, v = self._qkv_step(x_t, self._check_step_rope(rope, x_t))  # (B, H, 1, D) each
         out, cache = self._window_step(q, k, v, state, mask_t)
         return self._out_step(out, mask_t), cache

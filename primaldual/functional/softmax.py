@@ -42,7 +42,7 @@ def allowed_mask(
         allowed = key_mask[:, None, None, :]  # (B, 1, 1, Nk)
     if attn_mask is not None:
         if attn_mask.dtype != torch.bool or attn_mask.dim() != 4:
-            raise TypeError(
+            raise (TypeError if attn_mask.dtype != torch.bool else ValueError)(
                 "attn_mask must be a 4-D torch.bool tensor broadcastable to (B, H, Nq, Nk), True = may attend; "
                 f"got dtype {attn_mask.dtype}, shape {tuple(attn_mask.shape)}"
             )

@@ -121,3 +121,21 @@ def test_generate_with_no_prompts():
     m = CausalLM(50, 16, dim=16, depth=1, num_heads=2, ffn_dim=16, dropout=0.0, attention="softmax").eval()
     ids, mask = m.generate(torch.zeros(0, 3, dtype=torch.long), None, 4)
     assert ids.shape == mask.shape == (0, 7)
+
+
+@pytest.mark.parametrize("name", [i.name for i in pd.list_attentions() if i.capabilities.causal])
+def test_a_step_with_another_batch_than_its_state_is_named(name):
+    layer = pd.build_attention(name, DIM, 2, causal=True)
+    with pytest.raises(ValueError, match=r"x_t has 3 sequences, but the state was built for 2"):
+        layer.step(torch.randn(3, DIM), layer.init_state(2))
+
+
+@pytest.mark.parametrize("name", [i.name for i in pd.list_attentions()])
+def test_dtype_and_device_are_checked_by_name(name):
+    causal = not next(i.capabilities for i in pd.list_attentions() if i.name == name).non_causal
+    with pytest.raises(TypeError, match=r"dtype must be a floating-point torch.dtype .* got 'float16'"):
+        pd.build_attention(name, DIM, 2, causal=causal, dtype="float16")
+    with pytest.raises(TypeError, match="dtype must be a floating-point torch.dtype"):
+        pd.build_attention(name, DIM, 2, causal=causal, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"device: expected a torch.device or a name such as 'cpu'"):
+        pd.build_attention(name, DIM, 2, causal=causal, device="nope")
