@@ -62,10 +62,11 @@ def _reason(exc: BaseException) -> str:
 
 
 def load_checkpoint(
-    path: str | os.PathLike, map_location: Any = "cpu", weights_key: str = "state_dict"
+    path: str | os.PathLike, map_location: Any = "cpu", weights_key: str | None = "state_dict"
 ) -> dict[str, Any]:
     """Read a checkpoint safely (``weights_only=True`` with the :data:`SAFE_GLOBALS` allow-list). ``weights_key``: the
-    mapping of weights the checkpoint must hold (``state_dict`` for Lightning's, ``model`` for offline RL's).
+    mapping of weights the checkpoint must hold (``state_dict`` for Lightning's, ``model`` for offline RL's; None: the
+    file is that mapping itself, a saved ``state_dict``).
 
     Raises:
         FileNotFoundError: no such file.
@@ -93,8 +94,8 @@ def load_checkpoint(
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, KeyError, IndexError) as e:
         raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt: {_reason(e)})") from None
-    if not isinstance(ckpt, dict) or not isinstance(ckpt.get(weights_key), dict):
-        raise CheckpointError(f"{path}: not a primaldual checkpoint (no {weights_key})")
+    if not isinstance(ckpt, dict) or (weights_key is not None and not isinstance(ckpt.get(weights_key), dict)):
+        raise CheckpointError(f"{path}: not a primaldual checkpoint (no {weights_key or 'mapping of weights'})")
     return ckpt
 
 

@@ -85,3 +85,20 @@ def test_kernel_errors_name_the_problem():
         hf.register_hf_attentions(["primal"])
     with pytest.raises(TypeError, match="unknown option"):
         hf.register_hf_attentions(options={"sparse": {"widow": 3}})
+
+
+@pytest.mark.parametrize(
+    "args,error,message",
+    [
+        ((["sparse"], {"sparse": {"window": "4"}}), TypeError, "window must be an int >= 0, got '4'"),
+        ((["sparse"], {"sparse": 4}), TypeError, "options for 'sparse' must be a mapping"),
+        (("softmax_bn",), TypeError, "names must be a sequence of mechanism names"),
+        ((["sparse"], [("sparse", {})]), TypeError, "options must map a mechanism name to its options"),
+    ],
+)
+def test_registration_checks_its_arguments_and_option_values(args, error, message):
+    """Option values are checked at registration, not at the model's first forward."""
+    with pytest.raises(error, match=message):
+        hf.register_hf_attentions(*args)
+    assert hf.register_hf_attentions(["softmax_sh"], {"softmax_sh": {"factors": [1, 2]}}) == ["primaldual_softmax_sh"]
+    hf.register_hf_attentions()  # every kernel back at its default options

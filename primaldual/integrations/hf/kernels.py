@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...attention.base import QKVAttention
-from ...attention.registry import attention_options, build_attention
+from ...attention.registry import attention_class, attention_options, build_attention
 from ..torch_nn import check_causal_capability
 from .compat import is_plain_mask_function, module_is_causal, register_attention_implementation
 from .masks import attentions_requested, key_mask_from_hf
@@ -157,6 +157,10 @@ def register_hf_attentions(
     Returns:
         The registered implementation names (``["primaldual_softmax_bn", ...]``).
     """
+    if isinstance(names, str) or not (names is None or isinstance(names, Sequence)):
+        raise TypeError(f"names must be a sequence of mechanism names (e.g. ['softmax_bn']), got {names!r}")
+    if options is not None and not isinstance(options, dict):
+        raise TypeError(f"options must map a mechanism name to its options, got {options!r}")
     names = list(HF_KERNELS if names is None else names)
     for name in names:
         if name not in HF_KERNELS:
@@ -167,6 +171,8 @@ def register_hf_attentions(
     for name, opts in (options or {}).items():
         if name not in names:
             raise ValueError(f"options given for {name!r}, which is not among the registered names {names}")
+        if not isinstance(opts, dict):
+            raise TypeError(f"options for {name!r} must be a mapping of option names to values, got {opts!r}")
         reserved = sorted({"causal", "device", "dtype", "head_dim", "qkv_bias"} & set(opts))
         if reserved:
             raise TypeError(f"options for {name!r}: {reserved} are set by the model, not by options")
@@ -175,6 +181,11 @@ def register_hf_attentions(
             raise TypeError(
                 f"unknown option(s) {unknown} for {name!r}; valid: {', '.join(sorted(attention_options(name)))}"
             )
+    for name, opts in (options or {}).items():  # the values too: here, not at the model's first forward
+        factors = opts.get("factors")
+        heads = len(factors) if isinstance(factors, list | tuple) and factors else 1  # one factor per head
+        causal = not attention_class(name).capabilities.non_causal
+        build_attention(name, 8 * heads, heads, causal=causal, device="meta", **opts)
     registered = []
     for name in names:
         _OPTIONS[name] = dict((options or {}).get(name, {}))

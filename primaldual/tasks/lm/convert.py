@@ -40,6 +40,7 @@ import torch
 import yaml
 
 from ...options import check_int, check_number
+from ...train.checkpoints import load_checkpoint
 from ...train.config import ConfigError, RunConfig, apply_overrides
 from ...train.rundir import run_config
 from ...train.validate import validate_config
@@ -208,7 +209,7 @@ def load_convert_config(spec: str, overrides: list[tuple[str, Any]] = ()) -> Con
 # ------------------------------------------------------------------------------------------------------------------
 def load_teacher(teacher_dir: Path) -> tuple[RunConfig, Any, Any, dict[str, Any]]:
     """The teacher's config, data module, Lightning module (best weights loaded) and summary."""
-    from ...train.checkpoints import check_fits, load_checkpoint
+    from ...train.checkpoints import check_fits
     from ..base import get_task
 
     tcfg = run_config(teacher_dir)
@@ -287,7 +288,7 @@ def _stage1(
     out = run_dir / "convert"
     saved, partial = out / "stage1.pt", out / "stage1.partial.pt"
     if saved.is_file():
-        model.load_state_dict(torch.load(saved, map_location="cpu", weights_only=True))
+        model.load_state_dict(load_checkpoint(saved, weights_key=None))
         return
     out.mkdir(exist_ok=True)
     torch.manual_seed(cfg.seed)
@@ -296,7 +297,7 @@ def _stage1(
     batches = train_batches(dm, B, cfg.seed)
     report: dict[str, Any] = {"layers": chosen, "init": conv.init, "init_figures": {}, "tokens": 0}
     steps = math.ceil(conv.stage1.tokens / (B * cfg.data.max_len)) if conv.stage1.tokens else 0
-    resume = torch.load(partial, map_location="cpu", weights_only=True) if steps and partial.is_file() else None
+    resume = load_checkpoint(partial, weights_key="student") if steps and partial.is_file() else None
     if conv.init == "teacher" and conv.student != "window":
         calib = [next(batches)[0] for _ in range(conv.calibration_batches)]
         if resume is None:

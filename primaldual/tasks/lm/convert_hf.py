@@ -40,6 +40,7 @@ import yaml
 from torch import Tensor, nn
 
 from ...options import check_int, check_number
+from ...train.checkpoints import load_checkpoint
 from ...train.lock import LOCK_NAME, RunLock
 from ...train.rundir import MARK
 from ...utils.errors import ConfigError
@@ -402,7 +403,7 @@ def _run(source, source_id, conv, data, record, run_dir, seed, say) -> dict[str,
             say(f"stage 1: done earlier (ppl after it {info['ppl_after_stage1']:.2f})")
         else:
             partial = run_dir / "convert" / "stage1.partial.pt"  # every tenth of stage 1: a kill continues there
-            resume = torch.load(partial, map_location="cpu", weights_only=True) if partial.is_file() else None
+            resume = load_checkpoint(partial, weights_key="params") if partial.is_file() else None
             if resume is not None and "teacher_ppl" in resume:  # measured before the kill: deterministic, kept
                 teacher_ppl = float(resume["teacher_ppl"])
             else:
