@@ -55,17 +55,18 @@ def hf_attention_io(
     seen: dict[int, tuple[Tensor, Tensor, Any]] = {}
     hooks = []
     for i in layers:
-        module = hf.read_site(teacher, blocks[i], i).module
+        site = hf.read_site(teacher, blocks[i], i)
 
-        def hook(mod: nn.Module, args: tuple, kwargs: dict, out: Any, i: int = i) -> None:
+        def hook(mod: nn.Module, args: tuple, kwargs: dict, out: Any, i: int = i, rotates: bool = site.rope) -> None:
             x = args[0] if args else kwargs["hidden_states"]
             y = out[0] if isinstance(out, tuple) else out
             rope = kwargs.get("position_embeddings")
             if rope is None and len(args) > 1 and isinstance(args[1], tuple):
                 rope = args[1]
+            rope = rope if rotates else None  # a NoPE layer (SmolLM3) is handed the tables and leaves them unused
             seen[i] = (x.detach(), y.detach(), None if rope is None else tuple(t.detach() for t in rope))
 
-        hooks.append(module.register_forward_hook(hook, with_kwargs=True))
+        hooks.append(site.module.register_forward_hook(hook, with_kwargs=True))
     was = teacher.training
     teacher.eval()
     try:

@@ -86,3 +86,15 @@ def test_gpt2_converts_the_same_way():
     assert set(report["init"]) == {0, 1}
     ids = next(_batches(7))[0]
     torch.testing.assert_close(_logits(model, ids), _logits(teacher, ids), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["qwen2", "phi3", "smollm3"])
+def test_llama_layout_types_convert_with_the_initialisation(name):
+    """Qwen2 (q / k / v biases), Phi-3 (the fused qkv_proj) and SmolLM3 (a NoPE layer): the covering-window hybrid,
+    initialised from the teacher, gives its logits, and stage 1 starts at zero loss."""
+    teacher = tiny(name)
+    model, _ = convert_hf(teacher, "hybrid", "all", batches=_batches(), window=64, sinks=1, s=4)
+    ids = next(_batches(5))[0]
+    torch.testing.assert_close(_logits(model, ids), _logits(teacher, ids), rtol=0, atol=1e-5)
+    _, report = convert_hf(teacher, "hybrid", "all", batches=_batches(), steps=1, log_every=1, window=64, sinks=1, s=4)
+    assert report["history"][0]["loss"] < 1e-10

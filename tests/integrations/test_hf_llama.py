@@ -166,6 +166,7 @@ def test_nope_layers_take_no_rotary_tables():
         ("qwen2", {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1}, (1,),
          r"layer 1: sliding-window attention"),
         ("olmo", {"clip_qkv": 8.0}, "all", r"layer 0: clamped projections \(clip_qkv=8.0\)"),
+        ("gemma", {"use_bidirectional_attention": True}, "all", "layer 0: a bidirectional decoder"),
         ("phi3", {"partial_rotary_factor": 0.5}, "all", r"layer 0: partial rotary embeddings \(partial_rotary_factor=0.5\)"),
     ],
 )  # fmt: skip

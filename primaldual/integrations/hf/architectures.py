@@ -17,9 +17,13 @@ model type                 blocks                  replaced module              
 ``llama``                  ``model.layers``        ``layer.self_attn``          ``q_proj/k_proj/v_proj/o_proj``;
                                                                                 grouped K / V heads repeated to
                                                                                 the query heads; RoPE (below)
+``mistral``, ``qwen2``,    ``model.layers``        ``layer.self_attn``          as Llama (Phi-3: one fused
+``gemma``, ``granite``,                                                         ``qkv_proj``); what a converted
+``olmo``, ``smollm3``,                                                          layer cannot reproduce is refused
+``phi3``                                                                        (:func:`_rotary_layout`)
 =========================  ======================  ===========================  ==================================
 
-Llama's attention receives its rotary tables from the decoder layer (``position_embeddings``); a Site with
+Llama's attention (and that of each type of its layout) receives its rotary tables from the decoder layer (``position_embeddings``); a Site with
 ``rope=True`` tells the replacement to hand them to mechanisms that take them (``capabilities.rope``: softmax,
 sparse, and hybrid's window branch) and to warn, once at conversion, where the mechanism does not (primal: its
 positions come from its causal prefix means).
@@ -190,6 +194,8 @@ def _rotary_layout(attn: nn.Module) -> str | None:
     """Why a Llama-layout attention cannot be reproduced by a converted layer, or None: projections clamped,
     normalised per head, rotated in part, or a sliding window (the converted layers attend to the whole prefix)."""
     cfg = attn.config
+    if not getattr(attn, "is_causal", True):
+        return "a bidirectional decoder (is_causal False: use_bidirectional_attention) is not supported"
     if any(getattr(attn, n, None) is not None for n in ("q_norm", "k_norm")):
         return "query / key norms (self_attn.q_norm, k_norm) are not supported"
     if getattr(cfg, "clip_qkv", None) is not None:
@@ -236,7 +242,7 @@ def _rotary(block: nn.Module) -> Site:
         v=_repeat_heads(v, kv_heads, heads, head_dim, "v_proj"),
         out=_linear(attn.o_proj),
         num_heads=heads,
-        causal=bool(getattr(attn, "is_causal", True)),
+        causal=True,
         scale=float(attn.scaling),
         attn_drop=float(attn.attention_dropout),
         proj_drop=0.0,

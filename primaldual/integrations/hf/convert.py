@@ -59,7 +59,8 @@ def convert(
     """Replace the self-attention of ``layers`` of ``model`` by primaldual ``attention`` (in place).
 
     Args:
-        model: a transformers model of type gpt2, bert, roberta, vit, decision_transformer or llama (any head).
+        model: a transformers model of a type in :data:`~primaldual.integrations.hf.SUPPORTED_MODEL_TYPES` (gpt2,
+            bert, roberta, vit, decision_transformer, llama and the types of its layout; any head).
         attention: a registered mechanism (``primaldual.list_attentions()``).
         layers: block indices (negative from the end) or ``"all"``.
         options: mechanism options (``s=``, ``n=``, ``eta=`` for primal, ``window=`` for sparse, ...). By default
