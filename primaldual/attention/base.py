@@ -144,6 +144,8 @@ class AttentionLayer(nn.Module):
 
     registry_name: ClassVar[str] = ""
     capabilities: ClassVar[Capabilities] = Capabilities()
+    #: base-class options this class refuses (left out of :func:`~primaldual.attention.registry.attention_options`)
+    not_options: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,

@@ -89,6 +89,7 @@ class HybridAttention(AuxLossMixin, SparseAttention):
     """
 
     aux_loss_group = "ksvd"
+    not_options = ("stride", "num_global")  # the base class's pattern options: this layer's is window + sinks
 
     def __init__(
         self,
@@ -107,7 +108,7 @@ class HybridAttention(AuxLossMixin, SparseAttention):
     ) -> None:
         check_int("window", window, low=1)
         check_int("sinks", sinks, low=0)
-        for name in ("stride", "num_global"):
+        for name in self.not_options:
             if name in kw:
                 raise ValueError(f"{name}: not an option of hybrid attention (its pattern is window + sinks)")
         super().__init__(dim, num_heads, window=window - 1, num_global=sinks, **kw)

@@ -93,11 +93,16 @@ def attention_options(name: str) -> dict[str, Any]:
             options.setdefault(p.name, None if p.default is inspect.Parameter.empty else p.default)
         if not any(p.kind is p.VAR_KEYWORD for p in params):
             break
+    for refused in getattr(cls, "not_options", ()):
+        options.pop(refused, None)
+    if "causal" in options and not _info(name).capabilities.non_causal:
+        options["causal"] = True  # a causal-only mechanism: True is the one value it takes
     return options
 
 
 def build_attention(name: str, dim: int, num_heads: int, **options: Any) -> nn.Module:
-    """Instantiate the attention registered as ``name`` for ``(B, N, dim)`` inputs.
+    """Instantiate the attention registered as ``name`` for ``(B, N, dim)`` inputs (a causal-only mechanism is
+    causal unless ``causal`` says otherwise, which it then refuses).
 
     Raises:
         KeyError: unknown name (the message lists the registered ones).
@@ -110,6 +115,8 @@ def build_attention(name: str, dim: int, num_heads: int, **options: Any) -> nn.M
         raise TypeError(
             f"unknown option(s) {unknown} for attention {name!r}; valid options: {', '.join(sorted(valid))}"
         )
+    if "causal" not in options and not info.capabilities.non_causal:
+        options = {**options, "causal": True}
     return info.cls(dim, num_heads, **options)
 
 

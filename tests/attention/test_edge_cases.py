@@ -139,3 +139,18 @@ def test_dtype_and_device_are_checked_by_name(name):
         pd.build_attention(name, DIM, 2, causal=causal, dtype=torch.int64)
     with pytest.raises(ValueError, match=r"device: expected a torch.device or a name such as 'cpu'"):
         pd.build_attention(name, DIM, 2, causal=causal, device="nope")
+
+
+def test_causal_only_mechanisms_say_so_in_their_options():
+    """A causal-only mechanism builds causal by default and lists causal=True; options a class refuses are not
+    listed (hybrid's pattern is window + sinks, not its base class's stride / num_global)."""
+    from primaldual.attention.registry import attention_options
+
+    for info in pd.list_attentions():
+        opts = attention_options(info.name)
+        assert not set(getattr(info.cls, "not_options", ())) & set(opts)
+        if not info.capabilities.non_causal:
+            assert opts["causal"] is True and pd.build_attention(info.name, DIM, 2).causal
+    assert "stride" not in attention_options("hybrid")
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['stride'\]"):
+        pd.build_attention("hybrid", DIM, 2, stride=2)
