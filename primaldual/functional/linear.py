@@ -67,7 +67,7 @@ def linear_attention(
     key_mask = check_qkv(q, k, v, key_mask)
     check_bool("causal", causal)
     check_bool("need_weights", need_weights)
-    check_number("eps", eps, low=0.0, low_open=True)
+    check_number("eps", eps, low=0.0)  # 0: the exact normaliser (the SVR identities); the layers keep eps > 0
     check_int("chunk_size", chunk_size, low=1)
     if causal and q.shape[2] != k.shape[2]:
         raise ValueError(f"causal linear attention needs equal lengths, got q {q.shape[2]} and k {k.shape[2]}")

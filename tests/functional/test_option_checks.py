@@ -27,7 +27,7 @@ def test_flags_are_bools_on_every_path(kernel, kw, option):
         (F.softmax_attention, {}, {"scale": "1"}, "scale must be a number"),
         (F.softmax_attention, {}, {"dropout_p": 1.0}, r"dropout_p must be a number in \[0, 1\)"),
         (F.sparse_attention, {"window": 1}, {"scale": float("nan")}, "scale must be a finite number"),
-        (F.linear_attention, {}, {"eps": -1.0}, "eps must be a number > 0"),
+        (F.linear_attention, {}, {"eps": -1.0}, "eps must be a number >= 0"),
         (F.linear_attention, {}, {"chunk_size": 2.0}, "chunk_size must be an int"),
     ],
 )
