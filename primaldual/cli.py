@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="primaldual",
+        allow_abbrev=False,
         description="Primal-dual attention for PyTorch.",
         formatter_class=FORMATTER,
         epilog=examples(
@@ -84,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
         importlib.import_module(mod).register(sub)
     for p in iter_subparsers(parser):
         p.set_defaults(cmd_prog=p.prog)  # the innermost parser's value wins
+        # no prefixes: `seeds --seed 5` would be read as --seeds 5, and `fit --conf` is an override, not --config
+        p.allow_abbrev = False
         if not any("--debug" in a.option_strings for a in p._actions):
             p.add_argument(
                 "--debug", action="store_true", default=argparse.SUPPRESS, help="show the full traceback on errors"
@@ -136,8 +139,50 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{prog}: error: {_message(e)}", file=sys.stderr)
             return 2
         return _unexpected(prog, e)
+    except ImportError as e:  # an optional dependency this command needs: name its extra
+        if (hint := _missing_extra(e)) is None:
+            return _unexpected(prog, e)
+        print(f"{prog}: error: {hint}", file=sys.stderr)
+        return 2
     except Exception as e:
         return _unexpected(prog, e)
+
+
+# the optional packages the commands import, by top-level module: (PyPI name, the primaldual extra that brings it)
+_OPTIONAL = {
+    "PIL": ("pillow", "data"),
+    "tokenizers": ("tokenizers", "data"),
+    "debian": ("python-debian", "data"),
+    "rdata": ("rdata", "data"),
+    "unlzw3": ("unlzw3", "data"),
+    "matplotlib": ("matplotlib", "bench"),
+    "transformers": ("transformers", "hf"),
+    "accelerate": ("accelerate", "hf"),
+    "gguf": ("gguf", "llama"),
+    "h5py": ("h5py", "rl"),
+    "gymnasium": ("gymnasium[mujoco]", "rl"),
+    "mujoco": ("mujoco", "rl"),
+    "stable_baselines3": ("stable-baselines3", "rl"),
+    "triton": ("triton", "kernels"),
+    "scipy": ("scipy", "theory"),
+    "clarabel": ("clarabel", "theory"),
+    "lightning": ("lightning", "train"),
+    "omegaconf": ("omegaconf", "train"),
+}
+
+
+def _missing_extra(e: ImportError) -> str | None:
+    """The one-line message for an optional dependency that is not installed, or None for any other ImportError
+    (a broken installation is unexpected). Our own ImportErrors that already say what to install pass as they are."""
+    if "pip install" in str(e):
+        return _message(e)
+    top = (getattr(e, "name", None) or "").partition(".")[0]
+    if isinstance(e, ModuleNotFoundError) and top in _OPTIONAL:
+        package, extra = _OPTIONAL[top]
+        return (
+            f"this command needs {package}, which is not installed: pip install '{package}' (or 'primaldual[{extra}]')"
+        )
+    return None
 
 
 def _unexpected(prog: str, e: BaseException) -> int:

@@ -78,6 +78,47 @@ def test_training_subcommands_bad_input(capsys, tmp_path, tiny):
     assert "trainer.max_epoch" in line
 
 
+def test_data_show_finds_what_data_list_lists(capsys, tmp_path, monkeypatch):
+    """A UEA set (under uea/, its release files, no metadata.json) and `pathfinder` (the generated set's folder)."""
+    monkeypatch.setenv("PRIMALDUAL_DATA", str(tmp_path))
+    (tmp_path / "uea" / "JapaneseVowels").mkdir(parents=True)
+    (tmp_path / "uea" / "JapaneseVowels" / "JapaneseVowels_TRAIN.ts").write_text("@problemName x\n")
+    assert main(["data", "show", "JapaneseVowels"]) == 0
+    out = capsys.readouterr().out
+    assert "uea/JapaneseVowels (no metadata.json" in out and "JapaneseVowels_TRAIN.ts  15 bytes" in out
+    (tmp_path / "pathfinder32_L9").mkdir()
+    (tmp_path / "pathfinder32_L9" / "metadata.json").write_text('{"seed": 4, "splits": {"train": {"size": 3}}}')
+    assert main(["data", "show", "pathfinder"]) == 0 and '"seed": 4' in capsys.readouterr().out
+
+
+def test_a_missing_optional_package_names_its_extra(capsys, monkeypatch):
+    """Not "unexpected" (exit 1): the package and the extra that brings it, exit 2."""
+    import primaldual.train.cli as train_cli
+
+    def needs_pil(args):
+        raise ModuleNotFoundError("No module named 'PIL'", name="PIL")
+
+    monkeypatch.setattr(train_cli, "_cmd_fit", needs_pil)
+    monkeypatch.setattr(train_cli, "_cmd_eval", needs_pil)
+    line = _one_error_line(capsys, ["test"], "primaldual test")
+    assert "needs pillow, which is not installed: pip install 'pillow' (or 'primaldual[data]')" in line
+
+    def broken(args):
+        raise ImportError("cannot import name 'x' from 'primaldual.y'")
+
+    monkeypatch.setattr(train_cli, "_cmd_eval", broken)
+    assert main(["test"]) == 1 and "unexpected" in capsys.readouterr().err  # a broken install stays unexpected
+
+
+def test_seeds_refuses_seed_and_protocol_overrides(capsys):
+    """They would collapse the grid (and --seed, as a prefix of --seeds, once replaced it silently)."""
+    line = _one_error_line(capsys, ["seeds", "--configs", "uea/default", "--seeds", "0", "1", "--seed", "5"],
+                           "primaldual seeds")  # fmt: skip
+    assert "--seed: `primaldual seeds` sets each run's seed; give them with --seeds" in line
+    line = _one_error_line(capsys, ["seeds", "--configs", "uea/default", "--protocol", "paper"], "primaldual seeds")
+    assert "--protocol: `primaldual seeds` sets each run's protocol" in line
+
+
 def test_data_subcommands_bad_input(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("PRIMALDUAL_DATA", str(tmp_path))
     line = _one_error_line(capsys, ["data", "show", "listops"], "primaldual data show")

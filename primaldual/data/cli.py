@@ -86,7 +86,13 @@ def _cmd_list(args: argparse.Namespace) -> int:
 def _cmd_show(args: argparse.Namespace) -> int:
     from .cache import MissingDataError, dataset_dir
 
-    d = Path(args.dir) if args.dir else dataset_dir(args.name)
+    if args.dir:
+        d = Path(args.dir)
+    else:  # where `data list` says it is (UEA sets sit under uea/; `pathfinder` is the first generated set)
+        where = {name: Path(w) for name, _, w in _status() if w != "-"}
+        if args.name == "pathfinder":
+            args.name = next((n for n in where if n.startswith("pathfinder") and where[n].is_dir()), "pathfinder")
+        d = where.get(args.name, dataset_dir(args.name))
     meta = d / "metadata.json"
     if meta.is_file():
         print(meta.read_text().rstrip())
@@ -96,8 +102,12 @@ def _cmd_show(args: argparse.Namespace) -> int:
         for split in ("train", "val", "test"):
             ds = FashionMNIST1024(split, dataset=args.name, root=args.dir)
             print(json.dumps(ds.info))
+    elif d.is_dir() and any(d.iterdir()):  # a fetched set as its release ships it (UEA .ts files): its files
+        print(f"{args.name}: {d} (no metadata.json; the files as released)")
+        for f in sorted(p for p in d.iterdir() if p.is_file() and not p.name.startswith(".")):
+            print(f"  {f.name}  {f.stat().st_size:,} bytes")
     else:
-        raise MissingDataError(f"{args.name}: no metadata.json in {d} (see `primaldual data list`)")
+        raise MissingDataError(f"{args.name}: nothing in {d} (see `primaldual data list`)")
     sheet = d / "contact_sheet.png"
     if sheet.is_file():
         print(f"contact sheet: {sheet}")

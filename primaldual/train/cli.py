@@ -205,7 +205,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "primaldual seeds --configs uea/JapaneseVowels/transformer uea/JapaneseVowels/primalformer",
             "primaldual seeds --configs uea/JapaneseVowels/transformer --seeds 0 1 2 3 4 --protocols heldout "
             "--jobs 2 --threads 1 --out results.md --trainer.max_epochs 30",
-            note=reference,
+            note=reference.replace("--seed 1 --protocol paper ", ""),  # seeds sets them from --seeds / --protocols
         ),
     )
     p.add_argument("--configs", nargs="+", required=True, help="config files or names")

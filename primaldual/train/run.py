@@ -334,7 +334,8 @@ def evaluate(
             raise ValueError("evaluate: give a config or a run directory")
         cfg = run_config(run_dir)
     task = get_task(cfg.task)
-    run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
+    # absolute, as fit writes it into the checkpoints (else Lightning warns that their dirpath "has changed")
+    run_dir = (Path(run_dir) if run_dir is not None else default_run_dir(cfg)).resolve()
     if not isinstance(ckpt, str) or not ckpt.strip():
         raise ValueError(f"--ckpt: expected best, last or a checkpoint path, got {ckpt!r}")
     path = run_dir / "checkpoints" / f"{ckpt}.ckpt" if ckpt in ("best", "last") else Path(ckpt)
@@ -342,6 +343,8 @@ def evaluate(
         raise FileNotFoundError(
             f"run directory {run_dir} not found; train first with `primaldual fit` and the same config, or pass --run-dir"
         )
+    if not path.is_file() and ckpt not in ("best", "last"):
+        raise FileNotFoundError(f"--ckpt: no checkpoint file {path} (--ckpt takes best, last or a .ckpt file's path)")
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} not found; train first with `primaldual fit` and the same config")
     check_machine(cfg)
@@ -357,7 +360,7 @@ def evaluate(
     with quiet_dependencies():
         trainer = _trainer(cfg, run_dir, [])
         run = trainer.validate if stage == "validate" else trainer.test
-        return run(module, dm, ckpt_path=str(path), **_safe(run))
+        return run(module, dm, ckpt_path=str(path), verbose=False, **_safe(run))  # the caller prints the metrics
 
 
 class ThreadsOversubscribedWarning(UserWarning):

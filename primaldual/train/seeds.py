@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..tasks.base import Task, get_task
-from .config import load_config
+from .config import ConfigError, load_config, parse_overrides
 from .run import default_run_dir
 
 __all__ = ["format_table", "run_seeds"]
@@ -43,6 +43,9 @@ def run_seeds(
     config_dir: str | None = None,
 ) -> list[dict[str, Any]]:
     """Run (or resume, or reuse) every combination; return the summaries (``config_dir``: see ``--config-dir``)."""
+    for key, _ in parse_overrides(list(overrides)):
+        if key in ("seed", "protocol"):  # each run's own, from the grid: an override would collapse it
+            raise ConfigError(f"--{key}: `primaldual seeds` sets each run's {key}; give them with --{key}s")
     plan = []
     for spec in configs:
         for protocol in protocols:

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -198,6 +199,21 @@ def test_run_dir_alone_reevaluates_a_non_default_run(capsys, finished):
     assert "trained with another config" in line and "model." in line and "leave out --config" in line
     assert main(["test", "--run-dir", str(run_dir), "--print-config"]) == 0
     assert "attention: linear" in capsys.readouterr().out
+
+
+def test_a_relative_run_dir_reevaluates_without_lightnings_noise(capsys, finished, monkeypatch):
+    """A relative --run-dir (the default one is) gives no "dirpath has changed" warning, and the metrics are printed
+    once (no Lightning table beside our lines); a --ckpt path that is not there is named as such."""
+    _, run_dir, _ = finished
+    monkeypatch.chdir(run_dir.parent)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert main(["test", "--run-dir", run_dir.name]) == 0
+    assert not [w for w in seen if "dirpath has changed" in str(w.message)]
+    out = capsys.readouterr().out
+    assert out.count("test/acc") == 1 and "Test metric" not in out
+    line = _one_error(capsys, ["test", "--run-dir", run_dir.name, "--ckpt", "nonsense"], "primaldual test")
+    assert "--ckpt: no checkpoint file nonsense (--ckpt takes best, last or a .ckpt file's path)" in line
 
 
 def test_last_is_rotated_to_prev(finished):

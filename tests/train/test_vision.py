@@ -58,6 +58,8 @@ def test_image_folder_run_trains_and_tests_end_to_end_with_the_deit_recipe(tmp_p
     assert "val/ is the test split" in summary["data"]["splits"]
     rows = history_rows(out)
     assert len(rows) == 2
+    # the primal layer's KSVD term is logged, as for every task (it was added to the loss, but never logged)
+    assert {"ksvd_J2", "ksvd_rms_J", "ksvd_eta"} <= set(summary) and all(r.get("train/ksvd_J2_step") for r in rows)
 
 
 def test_a_killed_vision_run_resumes_to_the_same_result(tmp_path, folder):

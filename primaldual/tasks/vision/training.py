@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Subset
 
-from ...aux_loss import collect_aux_loss
+from ...aux_loss import collect_aux_loss_parts
 from ...data.cache import MissingDataError
 from ...data.splits import stratified_split
 from ...train.config import ConfigError, OptimConfig, ScheduleConfig
@@ -172,7 +172,7 @@ class VisionModule(ClassificationModule):
         x, targets = self.augment(images, y, self._generator(batch_idx))  # (B, C, S, S), (B, classes)
         logits = self.model(x)  # (B, classes)
         task = soft_target_cross_entropy(logits, targets)
-        aux = collect_aux_loss(self.model)
+        aux, self.aux_parts = collect_aux_loss_parts(self.model)  # the parts: log_ksvd logs them
         loss = task if aux is None else task + aux
         acc = (logits.argmax(-1) == y).float().mean()  # against the unmixed labels
         return loss, task, aux, acc
