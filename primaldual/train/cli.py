@@ -158,6 +158,7 @@ def _cmd_configs(args: argparse.Namespace) -> int:
     print(f"configs under {', '.join(map(str, search_path(args.config_dir)))} (first wins):")
     for name in list_configs(config_dir=args.config_dir):
         print(f"  {name}")
+    print("conversion configs (primaldual convert -c NAME): listed by `primaldual convert --help`")
     return 0
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ...utils.cli import FORMATTER, examples
 from ...utils.errors import ConfigError
+from .convert_configs import convert_config_names
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -137,7 +138,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             note="TEACHER is a primaldual run of a softmax CausalLM, or a Hugging Face causal LM: a save_pretrained "
             "directory, a .gguf file, or smollm2. The conversion config (student, layers, options, init, stage1 / "
             "stage2 budgets in tokens; data: the text, for a Hugging Face teacher) is a shipped name "
-            "lm/<corpus>/convert/<name> or a YAML path; --key value overrides it. A run's conversion directory is "
+            f"lm/<corpus>/convert/<name> ({', '.join(convert_config_names())}) or a YAML path; --key value "
+            "overrides it. A run's conversion directory is "
             "an ordinary run's (resume, generate, test) plus convert.yaml and convert/ (stage 1); a Hugging Face "
             "one holds model/ (save_pretrained) and summary.json. See docs/conversion.md.",
         ),

@@ -46,6 +46,7 @@ from ...train.rundir import run_config
 from ...train.validate import validate_config
 from ...train.yaml_values import load_yaml
 from ...utils.io import atomic_write_bytes, atomic_write_json, atomic_write_text
+from .convert_configs import convert_config_names, shipped_convert_config
 
 __all__ = [
     "CONVERT_ENTRIES",
@@ -60,7 +61,6 @@ __all__ = [
 
 #: what a conversion adds to a run directory (primaldual's own entries there)
 CONVERT_ENTRIES = ("convert.yaml", "convert")
-_PACKAGE_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 @dataclass
@@ -178,15 +178,10 @@ def find_convert_config(spec: str) -> Path:
         if not path.is_file():
             raise FileNotFoundError(f"--config: {path} not found")
         return path
-    parts = spec.split("/")
-    if len(parts) == 4 and parts[0] == "lm" and parts[2] == "convert":
-        shipped = _PACKAGE_CONFIGS / "lm" / "_convert" / parts[1] / f"{parts[3]}.yaml"
-        if shipped.is_file():
-            return shipped
-    names = sorted(
-        f"lm/{p.parent.name}/convert/{p.stem}" for p in (_PACKAGE_CONFIGS / "lm" / "_convert").glob("*/*.yaml")
-    )
-    raise ConfigError(f"--config: no conversion config {spec!r}; shipped: {', '.join(names)} (or a .yaml path)")
+    if (shipped := shipped_convert_config(spec)) is not None:
+        return shipped
+    names = ", ".join(convert_config_names())
+    raise ConfigError(f"--config: no conversion config {spec!r}; shipped: {names} (or a .yaml path)")
 
 
 def load_convert_config(spec: str, overrides: list[tuple[str, Any]] = ()) -> ConvertConfig:
