@@ -14,6 +14,7 @@ on stderr and exit code 2, without a traceback; an unexpected internal error end
 from __future__ import annotations
 
 import argparse
+import difflib
 import errno
 import os
 import sys
@@ -94,6 +95,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _top_level_keys() -> set[str]:
+    """The run config's top-level keys and ``attention``: overrides (``--seed 1``), never misspelt flags."""
+    from dataclasses import fields
+
+    from .train.schema import RunConfig
+
+    return {f.name for f in fields(RunConfig)} | {"attention"}
+
+
 def _message(exc: BaseException) -> str:
     """The exception's message on one line (a ``KeyError``'s without quotes, an ``OSError``'s without errno)."""
     if isinstance(exc, KeyError) and len(exc.args) == 1 and isinstance(exc.args[0], str):
@@ -118,6 +128,15 @@ def main(argv: list[str] | None = None) -> int:
     if extra and not getattr(args, "accepts_overrides", False):
         command = next((p for p in iter_subparsers(parser) if p.prog == prog), parser)
         command.error(f"unrecognized arguments: {' '.join(extra)}")  # usage of the subcommand, exit code 2
+    if extra:  # an override that is a misspelt flag of this command (--confg, --run_dir, --print_config) says so
+        command = next((p for p in iter_subparsers(parser) if p.prog == prog), parser)
+        flags = [o for a in command._actions for o in a.option_strings if o.startswith("--")]
+        for tok in extra:
+            name = tok.partition("=")[0]
+            if tok.startswith("--") and "." not in name and name not in flags:
+                close = difflib.get_close_matches(name.replace("_", "-"), flags, n=1, cutoff=0.8)
+                if close and close[0] != name and name[2:] not in _top_level_keys():
+                    command.error(f"unrecognized argument {name}; did you mean {close[0]}?")
     args.overrides = extra
     if getattr(args, "debug", False):
         return args.func(args)

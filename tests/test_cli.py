@@ -246,3 +246,12 @@ def test_help_exits_0(capsys):
     with pytest.raises(SystemExit) as e:
         main(["data", "fetch", "--help"])
     assert e.value.code == 0 and "primaldual data fetch uea JapaneseVowels" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "typo,flag", [("--confg", "--config"), ("--run_dir", "--run-dir"), ("--print_config", "--print-config")]
+)
+def test_a_misspelt_flag_is_not_read_as_a_config_key(capsys, typo, flag):
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", typo, "x"])
+    assert exit_.value.code == 2 and f"unrecognized argument {typo}; did you mean {flag}?" in capsys.readouterr().err

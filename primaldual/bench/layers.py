@@ -333,7 +333,7 @@ def run_sweep(cfg: SweepConfig, out: Path, progress: bool = True) -> list[dict[s
     try:
         from tqdm import tqdm
 
-        it = tqdm(cases, desc="bench layers", disable=not progress)
+        it = tqdm(cases, desc="bench layers", disable=None if progress else True)  # None: a terminal only
     except ImportError:
         it = cases
     for attn, mode, n in it:

@@ -54,7 +54,7 @@ def smoke(batch: int = 4, length: int = 512, dim: int = 64, heads: int = 4, repe
                     "causal": causal,
                     "in": tuple(x.shape),
                     "out": tuple(out.shape),
-                    "aux_loss": None if aux is None else float(aux),
+                    "aux_loss": None if aux is None else float(aux.detach()),
                     "fwd_ms": 1e3 * sorted(fwd)[len(fwd) // 2],
                     "fwd_bwd_ms": 1e3 * sorted(bwd)[len(bwd) // 2],
                     "finite": bool(torch.isfinite(out).all() and torch.isfinite(xi.grad).all()),

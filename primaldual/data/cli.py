@@ -39,7 +39,7 @@ def _fetchable() -> list[str]:
 def _bar(total: int, desc: str):
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit="ex", smoothing=0.05)
+    return tqdm(total=total, desc=desc, unit="ex", smoothing=0.05, disable=None)  # None: off a terminal, no bar
 
 
 def _status() -> list[tuple[str, str, str]]:

@@ -133,7 +133,8 @@ class MediumTargetWarning(UserWarning):
 def _tqdm(total: int, desc: str, enabled: bool, initial: int = 0, unit: str = "step"):
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, desc=desc, unit=unit, smoothing=0.05, disable=not enabled)
+    # None: tqdm's own rule, a bar on a terminal only (a log file gets no carriage-return updates)
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, smoothing=0.05, disable=None if enabled else True)
 
 
 @contextlib.contextmanager

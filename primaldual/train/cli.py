@@ -101,11 +101,11 @@ def _print_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_fit(args: argparse.Namespace) -> int:
-    if args.print_config:
-        return _print_config(args)
     from .run import fit, set_threads
 
-    set_threads(args.threads)  # checked before the config is read
+    set_threads(args.threads)  # checked before the config is read (and before --print-config)
+    if args.print_config:
+        return _print_config(args)
     cfg = _load(args)
     set_threads(args.threads, workers=cfg.data.num_workers)  # warns when threads + workers exceed the cores
     fit(cfg, args.run_dir, fresh=args.fresh)
@@ -113,11 +113,11 @@ def _cmd_fit(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    if args.print_config:
-        return _print_config(args)
     from .run import evaluate, set_threads
 
-    set_threads(args.threads)  # checked before the config is read
+    set_threads(args.threads)  # checked before the config is read (and before --print-config)
+    if args.print_config:
+        return _print_config(args)
     cfg = _load(args)
     set_threads(args.threads, workers=cfg.data.num_workers)
     res = evaluate(cfg, args.command, args.ckpt, args.run_dir)

@@ -13,6 +13,7 @@ from primaldual.cli import main
 from primaldual.tasks.lm.convert import load_convert_config
 from primaldual.train.checkpoints import load_checkpoint
 from primaldual.train.rundir import run_config
+from primaldual.utils.errors import ConfigError
 
 from .helpers import Stage1Killed, fit_cmd, run_here, stage1_stopper
 from .test_lm import _lm_config, english_dir  # noqa: F401  (the tiny corpus fixture)
@@ -215,6 +216,17 @@ def test_shipped_conversion_configs_load():
         conv = load_convert_config(f"lm/english/convert/{name}")
         data = HFData.build(conv.data)  # the budgets of docs/results.md's SmolLM2 table, in updates
         assert (conv.stage1.tokens, conv.stage2.tokens) == tuple(n * data.batch_size * data.context for n in steps)
+
+
+def test_an_unknown_override_is_named_as_its_flag():
+    """Not as a key of the shipped file: the mistake is on the command line."""
+    with pytest.raises(
+        ConfigError, match=r"^--stage1\.tokns: not a key of the conversion config; valid: stage1\.tokens"
+    ):
+        load_convert_config("lm/english/convert/primal_plus", [("stage1.tokns", 5)])
+    with pytest.raises(ConfigError, match=r"^--studnet: not a key of the conversion config; valid: student, "):
+        load_convert_config("lm/english/convert/primal_plus", [("studnet", "primal")])
+    assert load_convert_config("lm/english/convert/primal_plus", [("options.s", 16)]).options["s"] == 16
 
 
 def test_stage2_kl_to_the_teacher_is_zero_for_an_identical_teacher_and_kept_out_of_the_state():

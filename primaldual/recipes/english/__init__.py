@@ -416,7 +416,7 @@ def fetch_english(
     if progress:
         from tqdm import tqdm
 
-        with tqdm(desc="english documents", unit="doc", smoothing=0.05) as bar:
+        with tqdm(desc="english documents", unit="doc", smoothing=0.05, disable=None) as bar:  # None: a terminal only
 
             def status(line: str) -> None:  # the bar covers the extraction; close it before the next stage
                 bar.close()

@@ -191,7 +191,15 @@ def load_convert_config(spec: str, overrides: list[tuple[str, Any]] = ()) -> Con
         values = load_yaml(path.read_text()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    for key, value in overrides:
+    for key, value in overrides:  # each key checked as the flag it came from, not as a key of the file
+        top, _, sub = key.partition(".")
+        fields = ConvertConfig.__dataclass_fields__
+        section = {"stage1": Stage1, "stage2": Stage2}.get(top)
+        if top not in fields or (
+            section is not None and sub and sub.partition(".")[0] not in section.__dataclass_fields__
+        ):
+            valid = ", ".join(f"{top}.{f}" for f in section.__dataclass_fields__) if section else ", ".join(fields)
+            raise ConfigError(f"--{key}: not a key of the conversion config; valid: {valid}")
         node, parts = values, key.split(".")
         for part in parts[:-1]:
             node = node.setdefault(part, {})
