@@ -161,7 +161,12 @@ def check_run_dir(run_dir: str | os.PathLike, fresh: bool = False) -> Path:
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--run-dir: {run_dir} is a file, not a directory")
-    if not run_dir.is_dir():
+    if not run_dir.is_dir():  # made when the run starts: its nearest existing parent must be a writable directory
+        parent = next(p for p in run_dir.absolute().parents if p.exists())
+        if not parent.is_dir():
+            raise ConfigError(f"--run-dir: {run_dir} cannot be made: {parent} is a file, not a directory")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise ConfigError(f"--run-dir: {run_dir} cannot be made: {parent} is not writable")
         return run_dir
     if foreign := _foreign(run_dir):
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")

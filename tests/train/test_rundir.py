@@ -257,3 +257,12 @@ def test_a_resume_may_switch_how_the_run_compiles(tmp_path):
         prepare_run_dir(resumed, run_dir, fresh=False, verbose=False)
         assert (run_dir / "config.yaml").read_text() == dump_config(resumed)
         assert (run_dir / "checkpoints" / "last.ckpt").read_bytes() == b"progress"
+
+
+def test_a_run_dir_under_a_file_is_named_as_the_flag(tmp_path):
+    from primaldual.utils.errors import ConfigError
+
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(ConfigError, match=r"--run-dir: .*notes.txt/run cannot be made: .*notes.txt is a file"):
+        check_run_dir(tmp_path / "notes.txt" / "run")
+    assert check_run_dir(tmp_path / "new" / "deeper") == tmp_path / "new" / "deeper"  # made when the run starts
