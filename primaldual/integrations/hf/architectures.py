@@ -23,10 +23,10 @@ model type                 blocks                  replaced module              
 ``phi3``                                                                        (:func:`_rotary_layout`)
 =========================  ======================  ===========================  ==================================
 
-Llama's attention (and that of each type of its layout) receives its rotary tables from the decoder layer (``position_embeddings``); a Site with
-``rope=True`` tells the replacement to hand them to mechanisms that take them (``capabilities.rope``: softmax,
-sparse, and hybrid's window branch) and to warn, once at conversion, where the mechanism does not (primal: its
-positions come from its causal prefix means).
+Llama's attention (and that of each type of its layout) receives its rotary tables from the decoder layer
+(``position_embeddings``); a Site with ``rope=True`` tells the replacement to hand them to mechanisms that take them
+(``capabilities.rope``: softmax, sparse, and hybrid's window branch) and to warn, once at conversion, where the
+mechanism does not (primal: its positions come from its causal prefix means).
 """
 
 from __future__ import annotations
@@ -208,7 +208,10 @@ def _rotary_layout(attn: nn.Module) -> str | None:
     window = getattr(attn, "sliding_window", getattr(cfg, "sliding_window", None))
     types, i = getattr(cfg, "layer_types", None) or [], attn.layer_idx
     if window or (i is not None and i < len(types) and types[i] != "full_attention"):
-        return f"sliding-window attention (sliding_window={window}) is not supported: a converted layer attends to the whole prefix"
+        return (
+            f"sliding-window attention (sliding_window={window}) is not supported: a converted layer attends to the "
+            "whole prefix"
+        )
     return None
 
 
