@@ -126,10 +126,10 @@ def _cmd(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"no such run directory: {', '.join(missing)}")
     import importlib.util
 
-    from .report import _INSTALL_HINT
+    from .report import INSTALL_HINT
 
     if importlib.util.find_spec("matplotlib") is None:  # before any run is analysed: the figures need it
-        raise ImportError(_INSTALL_HINT)
+        raise ImportError(INSTALL_HINT)
     from ..train.run import set_threads
     from ..utils.io import atomic_write_text
     from .report import compare_spectra, plot_spectra, write_json

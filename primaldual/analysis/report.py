@@ -65,9 +65,9 @@ from .capture import capture_attention
 from .redundancy import head_redundancy
 from .spectrum import first_k, layer_spectra
 
-__all__ = ["analyze_model", "compare_spectra", "plot_spectra", "write_json"]
+__all__ = ["INSTALL_HINT", "analyze_model", "compare_spectra", "plot_spectra", "write_json"]
 
-_INSTALL_HINT = "plotting needs matplotlib: pip install 'primaldual[bench]'"
+INSTALL_HINT = "plotting needs matplotlib: pip install 'primaldual[bench]'"
 
 
 _MEAN_KEYS = ("curve", "effective_rank", "rank90", "rank99", "k90", "k99", "tokens")
@@ -266,7 +266,7 @@ def _figure(width: float, height: float):
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError(_INSTALL_HINT) from e
+        raise ImportError(INSTALL_HINT) from e
     fig = Figure(figsize=(width, height), dpi=100)
     FigureCanvasAgg(fig)
     return fig

@@ -191,7 +191,7 @@ def test_conversion_config_errors_are_one_line(capsys, tmp_path, teacher_run):
     assert "no conversion config 'lm/english/convert/nope'" in _error(capsys, [*base, "-c", "lm/english/convert/nope"])
     assert "student: expected one of" in _error(capsys, [*base, "--student", "linear"])
     assert "stage2.tokens must be" in _error(capsys, [*base, "--stage2.tokens", "0"])
-    assert "unknown key(s) stage1.epochs" in _error(capsys, [*base, "--stage1.epochs", "3"])
+    assert "--stage1.epochs: not a key of the conversion config" in _error(capsys, [*base, "--stage1.epochs", "3"])
     assert "stage1.lr" in _error(capsys, [*base, "--stage1.lr", "'fast'"])
     assert "stage1.tokens must be 0" in _error(
         capsys, [*base, "-c", "lm/english/convert/window", "--stage1.tokens", "5"]
