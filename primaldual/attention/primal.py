@@ -277,10 +277,10 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
                 k for k, v, d in (("n", n, None), ("rank_multi", rank_multi, 10), ("max_len", max_len, None)) if v != d
             ]
         ):
+            it = "it" if len(unused) == 1 else "them"
             warnings.warn(
-                f"primal attention: {', '.join(unused)} set, but only the data-dependent weights read "
-                f"{'it' if len(unused) == 1 else 'them'}; this layer (causal={self.causal}, data_dependent=False) "
-                "ignores them",
+                f"primal attention: {', '.join(unused)} set, but only the data-dependent weights read {it}; this "
+                f"layer (causal={self.causal}, data_dependent=False) ignores {it}",
                 UnusedOptionWarning,
                 stacklevel=3,
             )
