@@ -207,3 +207,16 @@ def test_the_users_scale_replaces_the_models():
     assert conv.model.layers[0].self_attn.attn.scale == 0.05
     ids, mask = _left_padded()
     assert (_logits(conv, ids, mask) - _logits(model, ids, mask)).abs().max() > 1e-4
+
+
+def test_opt_converts_faithfully():
+    """OPT (learned positions, biases everywhere, q scaled before the product): softmax in every layer gives its
+    logits and its generation; a primal last layer decodes with its state."""
+    model = tiny("opt")
+    ids, mask = _left_padded()
+    conv = hf.convert(copy.deepcopy(model), "softmax", "all")
+    torch.testing.assert_close(_logits(conv, ids, mask), _logits(model, ids, mask), rtol=0, atol=1e-5)
+    kw = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=1)
+    assert torch.equal(conv.generate(ids, **kw), model.generate(ids, **kw))
+    conv = hf.convert(copy.deepcopy(model), "primal", (-1,), s=4)
+    assert torch.equal(conv.generate(ids, **kw), _greedy(conv, ids, mask, 5))

@@ -28,6 +28,11 @@ def tiny(name: str, **overrides):
         kw = dict(state_dim=3, act_dim=2, hidden_size=32, n_layer=2, n_head=2, max_ep_len=20, n_positions=64)
         cfg = tr.DecisionTransformerConfig(**{**kw, **overrides})
         return tr.DecisionTransformerModel(cfg).eval()
+    if name == "opt":
+        kw = dict(hidden_size=32, num_attention_heads=4, ffn_dim=64, vocab_size=50, num_hidden_layers=2)
+        cfg = tr.OPTConfig(**{**kw, "max_position_embeddings": 64, "word_embed_proj_dim": 32, "pad_token_id": 1,
+                              "bos_token_id": 0, "eos_token_id": 0, **overrides})  # fmt: skip
+        return tr.OPTForCausalLM(cfg).eval()
     if name in ROTARY:
         prefix = ROTARY[name]
         kw = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64, vocab_size=50)

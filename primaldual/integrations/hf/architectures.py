@@ -14,6 +14,7 @@ model type                 blocks                  replaced module              
                                                    output block; its residual   ``output.dense``
                                                    ``LayerNorm`` is kept)
 ``vit``                    ``vit.layers``          ``layer.attention``          ``q_proj/k_proj/v_proj/o_proj``
+``opt``                    ``model.decoder.layers`` ``layer.self_attn``         ``q_proj/k_proj/v_proj/out_proj``
 ``llama``                  ``model.layers``        ``layer.self_attn``          ``q_proj/k_proj/v_proj/o_proj``;
                                                                                 grouped K / V heads repeated to
                                                                                 the query heads; RoPE (below)
@@ -254,6 +255,28 @@ def _rotary(block: nn.Module) -> Site:
     )
 
 
+def _opt(block: nn.Module) -> Site:
+    """OPT: ``self_attn`` with ``q_proj/k_proj/v_proj/out_proj`` (biases), learned positions (added to the
+    embeddings, so the attention takes none), causal."""
+    attn = getattr(block, "self_attn", None)
+    if attn is None or not all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "out_proj")):
+        raise LayoutError("expected an OPT decoder layer with self_attn.q_proj/k_proj/v_proj/out_proj")
+    return Site(
+        attr="self_attn",
+        module=attn,
+        q=_linear(attn.q_proj),
+        k=_linear(attn.k_proj),
+        v=_linear(attn.v_proj),
+        out=_linear(attn.out_proj),
+        num_heads=attn.num_heads,
+        causal=True,
+        scale=float(attn.scaling),  # OPT scales q before the product: the same logits
+        attn_drop=float(attn.dropout),
+        proj_drop=0.0,  # the decoder layer drops after the module
+        layer_idx=attn.layer_idx,
+    )
+
+
 #: the model types with the Llama layout (:func:`_rotary`)
 ROTARY_MODEL_TYPES = ("llama", "mistral", "qwen2", "gemma", "granite", "olmo", "smollm3", "phi3")
 _FAMILIES: dict[str, tuple[tuple[str, ...], Callable[[nn.Module], Site]]] = {
@@ -262,6 +285,7 @@ _FAMILIES: dict[str, tuple[tuple[str, ...], Callable[[nn.Module], Site]]] = {
     "bert": (("bert.encoder.layer", "encoder.layer"), _bert),
     "roberta": (("roberta.encoder.layer", "encoder.layer"), _bert),
     "vit": (("vit.layers", "layers", "vit.encoder.layer", "encoder.layer"), _vit),
+    "opt": (("model.decoder.layers", "decoder.layers"), _opt),
     **{t: (("model.layers", "layers"), _rotary) for t in ROTARY_MODEL_TYPES},
 }
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_FAMILIES))
