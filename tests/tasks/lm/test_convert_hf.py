@@ -224,3 +224,26 @@ def test_a_stage_1_killed_mid_way_continues_to_the_uninterrupted_result(teacher,
     wa, wb = (load_file(d / "convert" / "stage1" / "model.safetensors") for d in (tmp_path / "straight", killed))
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
     assert not (killed / "convert" / "stage1.partial.pt").exists()
+
+
+@pytest.mark.parametrize("name", ["phi3", "opt"])
+def test_other_saved_model_types_convert_end_to_end(teacher, tmp_path, capsys, name):
+    """`primaldual convert DIR` on a saved Phi-3 (Llama's layout, one fused qkv_proj) and OPT: both stages, the saved model
+    reloads converted and evaluates to the summary's figure."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from primaldual.integrations.hf import converted_layers, from_pretrained
+
+    src = tmp_path / name
+    tiny(name).save_pretrained(src)
+    AutoTokenizer.from_pretrained(teacher / "teacher").save_pretrained(src)
+    run = tmp_path / "run"
+    assert main(["convert", str(src), "-c", str(teacher / "conv.yaml"), "--run-dir", str(run)]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    model = from_pretrained(AutoModelForCausalLM, run / "model")
+    assert list(converted_layers(model)) and summary["layers"] == [1]
+    tok = AutoTokenizer.from_pretrained(run / "model")
+    text = (teacher / "text.txt").read_text()
+    test = token_stream(tok, text[int(len(text) * 0.9) :])
+    assert perplexity(model, test, 16, 3)["ppl"] == pytest.approx(summary["ppl"], rel=1e-5)
+    capsys.readouterr()
