@@ -127,6 +127,9 @@ def key_statistics(
         real token gets ``mu = 0`` and ``std = sqrt(eps)``.
     """
     dims = (0, 2) if stats_over == "batch" else (2,)
+    if k.numel() == 0:  # no token at all: mu 0, std sqrt(eps), as documented (var_mean would warn and give NaN)
+        mu = k.new_zeros(1 if stats_over == "batch" else k.shape[0], k.shape[1], 1, k.shape[3])
+        return mu, torch.full_like(mu, eps).sqrt()
     if key_mask is None:
         var, mu = torch.var_mean(k, dim=dims, correction=0, keepdim=True)  # one fused pass
         return mu, (var + eps).sqrt()
