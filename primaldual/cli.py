@@ -125,11 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     # Subcommands that set ``accepts_overrides`` (fit / validate / test / seeds) take free-form
     # ``--section.key value`` overrides; everywhere else an unknown argument is an error.
     prog = getattr(args, "cmd_prog", parser.prog)
+    command = next((p for p in iter_subparsers(parser) if p.prog == prog), parser) if extra else parser
     if extra and not getattr(args, "accepts_overrides", False):
-        command = next((p for p in iter_subparsers(parser) if p.prog == prog), parser)
         command.error(f"unrecognized arguments: {' '.join(extra)}")  # usage of the subcommand, exit code 2
     if extra:  # an override that is a misspelt flag of this command (--confg, --run_dir, --print_config) says so
-        command = next((p for p in iter_subparsers(parser) if p.prog == prog), parser)
         flags = [o for a in command._actions for o in a.option_strings if o.startswith("--")]
         for tok in extra:
             name = tok.partition("=")[0]

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...attention.base import QKVAttention
-from ...attention.registry import attention_class, attention_options, build_attention
+from ...attention.registry import attention_options, build_attention
 from ..torch_nn import check_causal_capability
 from .compat import is_plain_mask_function, module_is_causal, register_attention_implementation
 from .masks import attentions_requested, key_mask_from_hf
@@ -184,8 +184,7 @@ def register_hf_attentions(
     for name, opts in (options or {}).items():  # the values too: here, not at the model's first forward
         factors = opts.get("factors")
         heads = len(factors) if isinstance(factors, list | tuple) and factors else 1  # one factor per head
-        causal = not attention_class(name).capabilities.non_causal
-        build_attention(name, 8 * heads, heads, causal=causal, device="meta", **opts)
+        build_attention(name, 8 * heads, heads, device="meta", **opts)  # (a causal-only one builds causal)
     registered = []
     for name in names:
         _OPTIONS[name] = dict((options or {}).get(name, {}))
