@@ -22,8 +22,9 @@ import torch
 from torch import Tensor, nn
 
 from ..checks import check_heads, check_mask, check_tokens
+from ..functional.qk_norm import QK_NORMS, QKNorm, qk_rms_norm
 from ..functional.rotary import apply_rope, check_rope
-from ..options import check_bool, check_number
+from ..options import check_bool, check_choice, check_number
 from .capabilities import Capabilities
 
 __all__ = ["AttentionLayer", "KVCache", "PrefixState", "QKVAttention"]
@@ -323,14 +324,50 @@ class QKVAttention(AttentionLayer):
     """An :class:`AttentionLayer` with fused Q/K/V projections and an output projection.
 
     Subclasses implement :meth:`attend` on ``(B, H, N, D)`` tensors.
+
+    Args:
+        qk_norm: None, or RMS norms with learned gains on the queries and on the keys, applied after the projection
+            and before any rotary embedding (:mod:`primaldual.functional.qk_norm`): ``"head"`` normalises each
+            head's ``D`` features (Qwen3, Gemma 3), ``"all_heads"`` a token's ``H * D`` features (OLMo 2). The
+            gains are the parameters ``q_norm.weight`` and ``k_norm.weight``.
+        qk_norm_eps: the norms' epsilon (read only with ``qk_norm``).
+        Remaining arguments as :class:`AttentionLayer`.
     """
 
-    def __init__(self, dim: int, num_heads: int, **kwargs) -> None:
+    def __init__(
+        self, dim: int, num_heads: int, *, qk_norm: str | None = None, qk_norm_eps: float = 1e-6, **kwargs
+    ) -> None:
         device, dtype = kwargs.get("device"), kwargs.get("dtype")
         super().__init__(dim, num_heads, **kwargs)
         fk = {"device": device, "dtype": dtype}
         self.qkv = nn.Linear(dim, 3 * self.inner_dim, bias=self.qkv_bias, **fk)
         self.proj = nn.Linear(self.inner_dim, dim, **fk)
+        self.qk_norm = None if qk_norm is None else check_choice("qk_norm", qk_norm, (None, *QK_NORMS))
+        eps = check_number("qk_norm_eps", qk_norm_eps, low=0.0, low_open=True)
+        if qk_norm is None and eps != 1e-6:
+            raise ValueError("qk_norm_eps: only a layer with qk_norm ('head' or 'all_heads') reads it")
+        if self.qk_norm is not None:
+            width = self.head_dim if self.qk_norm == "head" else self.inner_dim
+            self.q_norm = nn.RMSNorm(width, eps=eps, **fk)
+            self.k_norm = nn.RMSNorm(width, eps=eps, **fk)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (f", qk_norm={self.qk_norm!r}" if self.qk_norm is not None else "")
+
+    def qk_norms(self) -> QKNorm | None:
+        """This layer's query / key norms (None without ``qk_norm``): what a layer built from it copies."""
+        if self.qk_norm is None:
+            return None
+        return QKNorm(self.qk_norm, self.q_norm.eps, self.q_norm.weight, self.k_norm.weight)
+
+    def _normed(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """q, k ``(B, H, N, D)`` through their RMS norms (``qk_norm``); unchanged without."""
+        if self.qk_norm is None:
+            return q, k
+        eps = self.q_norm.eps
+        return qk_rms_norm(q, self.q_norm.weight, eps, self.qk_norm), qk_rms_norm(
+            k, self.k_norm.weight, eps, self.qk_norm
+        )
 
     def attend(
         self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, need_weights: bool
@@ -344,6 +381,7 @@ class QKVAttention(AttentionLayer):
         B = x_t.shape[0]
         qkv = self.qkv(x_t).reshape(B, 3, self.num_heads, 1, self.head_dim)  # (B, 3, H, 1, D)
         q, k, v = qkv.unbind(1)
+        q, k = self._normed(q, k)
         if rope is not None:
             q, k = apply_rope(q, k, *rope)
         return q, k, v
@@ -368,6 +406,7 @@ class QKVAttention(AttentionLayer):
         B, N, _ = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, D)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, N, D)
+        q, k = self._normed(q, k)
         if rope is not None:
             q, k = apply_rope(q, k, *rope)
         return q, k, v

@@ -108,7 +108,15 @@ def hf_teacher_layer(teacher: nn.Module, index: int) -> AttentionLayer:
     _, blocks = hf.find_blocks(teacher)
     site = hf.read_site(teacher, blocks[index], index)
     layer = attention_from_projections(
-        "softmax", num_heads=site.num_heads, q=site.q, k=site.k, v=site.v, out=site.out, causal=True, scale=site.scale
+        "softmax",
+        num_heads=site.num_heads,
+        q=site.q,
+        k=site.k,
+        v=site.v,
+        out=site.out,
+        causal=True,
+        scale=site.scale,
+        qk_norm=site.qk_norm,
     )
     return layer.eval()
 

@@ -58,14 +58,12 @@ def branch_features(layer: PrimalAttention | HybridAttention, x: Tensor, mask: T
     B, N, _ = x.shape
     H, p = layer.num_heads, layer.head_dim
     if isinstance(layer, PrimalAttention):
-        w, b = layer.qk.weight, layer.qk.bias
         exact = mask if layer.padding == "exact" else None
-    else:
-        w, b = layer.qkv.weight[: 2 * layer.inner_dim], None
-        if layer.qkv.bias is not None:
-            b = layer.qkv.bias[: 2 * layer.inner_dim]
+        qk = torch.nn.functional.linear(x, layer.qk.weight, layer.qk.bias).view(B, N, 2, H, p)  # (B, N, 2, H, p)
+    else:  # the window's (unrotated) projections, through its query / key norms where it has them
         exact = mask
-    qk = torch.nn.functional.linear(x, w, b).view(B, N, 2, H, p)  # (B, N, 2, H, p)
+        q, k, _ = layer._qkv(x)  # (B, H, N, p) each
+        qk = torch.stack((q, k), 1).permute(0, 3, 1, 2, 4)  # (B, 2, H, N, p) -> (B, N, 2, H, p)
     return cosine_feature_map(causal_prefix_mean(qk, exact), layer.eps)
 
 

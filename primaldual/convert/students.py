@@ -18,6 +18,7 @@ is not modified. It works on every model whose blocks are :class:`~primaldual.en
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ from torch import Tensor, nn
 from ..attention.base import AttentionLayer, QKVAttention
 from ..attention.hybrid import HybridAttention
 from ..attention.primal import PrimalAttention
+from ..attention.registry import attention_options
 from ..integrations.torch_nn import attention_from_projections, resolve_layer_indices
 
 __all__ = [
@@ -91,6 +93,15 @@ def student_layer(teacher: QKVAttention, student: str, **options: Any) -> Attent
     def part(i: int) -> tuple[Tensor, Tensor | None]:
         return w[i * inner : (i + 1) * inner], None if b is None else b[i * inner : (i + 1) * inner]
 
+    norms = teacher.qk_norms()
+    if norms is not None and "qk_norm" not in attention_options(name):
+        warnings.warn(
+            f"student {student!r} takes no query / key norms (qk_norm): it does without the teacher's "
+            "(a primal layer normalises its own features)",
+            UserWarning,
+            stacklevel=2,
+        )
+        norms = None
     layer = attention_from_projections(
         name,
         num_heads=teacher.num_heads,
@@ -102,6 +113,7 @@ def student_layer(teacher: QKVAttention, student: str, **options: Any) -> Attent
         attn_drop=teacher.attn_drop,
         proj_drop=teacher.proj_drop.p,
         scale=getattr(teacher, "scale", None),
+        qk_norm=norms,
         **fixed,
         **options,
     )

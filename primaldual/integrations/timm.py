@@ -51,7 +51,8 @@ class TimmAttention(nn.Module):
     Args:
         dim: token width C. num_heads: heads H. qkv_bias, attn_drop, proj_drop: as timm (``attn_drop`` is ignored
             by mechanisms without a weight matrix, e.g. primal).
-        qk_norm, scale_norm: must be False (primaldual layers have no query / key or output normalisation).
+        qk_norm, scale_norm: must be False (timm's query / key norm is its ``norm_layer``, a LayerNorm by default,
+            where primaldual's ``qk_norm`` is an RMS norm; primaldual layers have no output normalisation).
         proj_bias: must be True (every primaldual layer has an output bias).
         norm_layer: accepted for timm's call, unused.
         attn_head_dim: per-head width (default ``dim // num_heads``). dim_out: must be None or ``dim``.

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from ..attention.base import AttentionLayer, QKVAttention
 from ..attention.primal import PrimalAttention
 from ..attention.registry import attention_class, attention_options, build_attention, list_attentions
+from ..functional.qk_norm import QKNorm
 
 __all__ = [
     "MultiheadSelfAttention",
@@ -51,7 +52,7 @@ __all__ = [
     "with_original",
 ]
 
-_RESERVED_OPTIONS = ("causal", "qkv_bias", "head_dim", "device", "dtype")
+_RESERVED_OPTIONS = ("causal", "qkv_bias", "head_dim", "device", "dtype", "qk_norm", "qk_norm_eps")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -262,6 +263,7 @@ def attention_from_projections(
     attn_drop: float = 0.0,
     proj_drop: float = 0.0,
     scale: float | None = None,
+    qk_norm: QKNorm | None = None,
     **options: Any,
 ) -> AttentionLayer:
     """Build attention ``name`` and copy a model's projections into it.
@@ -272,6 +274,8 @@ def attention_from_projections(
         causal: the layer's mode. attn_drop: attention dropout (dropped for mechanisms that have no weight
             matrix, see :func:`accepts_attention_dropout`). proj_drop: dropout after the output projection.
         scale: the model's logit scale, passed to mechanisms with a ``scale`` option unless ``options`` sets it.
+        qk_norm: the model's query / key norms, built and copied into the layer (``TypeError`` for a mechanism
+            without the ``qk_norm`` option).
         options: mechanism options (e.g. ``s=20`` for primal, ``window=64`` for sparse).
 
     Returns:
@@ -292,6 +296,10 @@ def attention_from_projections(
     if "attn_drop" not in kw:
         kw["attn_drop"] = float(attn_drop) if accepts_attention_dropout(name) else 0.0
     kw.setdefault("proj_drop", float(proj_drop))
+    if qk_norm is not None:
+        if "qk_norm" not in valid:
+            raise TypeError(f"qk_norm: attention {name!r} takes no query / key norms (it has no qk_norm option)")
+        kw.update(qk_norm=qk_norm.kind, qk_norm_eps=float(qk_norm.eps))
     layer = build_attention(
         name,
         dim,
@@ -318,6 +326,15 @@ def attention_from_projections(
         in_proj.weight.copy_(torch.cat([w for w, _ in parts]))  # (n_parts * inner, C)
         if in_proj.bias is not None:
             in_proj.bias.copy_(torch.cat([b for _, b in parts]))
+        if qk_norm is not None:
+            for name_, gain in (("q", qk_norm.q), ("k", qk_norm.k)):
+                target = getattr(layer, f"{name_}_norm").weight
+                if gain.shape != target.shape:
+                    raise ValueError(
+                        f"qk_norm.{name_}: a {qk_norm.kind!r} norm of this layer has a gain of shape "
+                        f"{tuple(target.shape)}, got {tuple(gain.shape)}"
+                    )
+                target.copy_(gain)
         layer.proj.weight.copy_(out_w)
         if out_b is None:
             layer.proj.bias.zero_()

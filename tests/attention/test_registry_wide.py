@@ -19,18 +19,26 @@ from tests.conftest import rel_err
 DIM, HEADS, N = 12, 3, 13
 
 VARIANTS: dict[str, list[dict]] = {
-    "sparse": [{"window": 2}, {"window": 2, "stride": 3, "num_global": 2}],
+    # qk_norm (every mechanism with a fused qkv projection takes it): each layout on some of them
+    "softmax": [{}, {"qk_norm": "head"}],
+    "linear": [{}, {"qk_norm": "all_heads", "qk_norm_eps": 1e-5}],
+    "sparse": [{"window": 2}, {"window": 2, "stride": 3, "num_global": 2}, {"window": 2, "qk_norm": "all_heads"}],
     # a non-zero gate: at the default 0 the branch starts outside the output (window only) and gets no gradient
     "hybrid": [
         {"window": 4, "sinks": 2, "s": 3, "gate_init": 0.5},
         {"window": 3, "sinks": 0, "primal_branch": False},
         {"window": 64, "s": 2, "gate_init": -1.0, "ksvd_reduction": "sample"},
+        {"window": 4, "sinks": 1, "s": 3, "gate_init": 0.5, "qk_norm": "head"},
     ],
     "softmax_bn": [{}, {"stats_over": "batch", "beta": 0.5}, {"divide_std": False}],
     "linear_bn": [{}, {"stats_over": "batch"}],
     "softmax_sh": [{}, {"pooling": "stride"}, {"factors": [3, 1, 2]}],
     "linear_sh": [{}, {"pooling": "stride", "factors": 2}],
-    "softmax_bn_sh": [{}, {"stats_from": "full", "factors": [2, 3, 1]}, {"stats_over": "batch", "pooling": "stride"}],
+    "softmax_bn_sh": [
+        {},
+        {"stats_from": "full", "factors": [2, 3, 1]},
+        {"stats_over": "batch", "pooling": "stride", "qk_norm": "head"},
+    ],
     "linear_bn_sh": [{}, {"stats_from": "full", "pooling": "stride"}],
     "primal": [
         {},

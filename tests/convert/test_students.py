@@ -72,3 +72,21 @@ def test_the_window_student_refuses_the_primal_branch_options():
     with pytest.raises(ValueError, match="s: an option of the primal branch, which primal_branch=False drops"):
         HybridAttention(16, 2, window=4, primal_branch=False, s=3, causal=True)
     HybridAttention(16, 2, window=4, primal_branch=False, causal=True)  # window and sinks alone
+
+
+def test_a_teacher_with_query_key_norms_passes_them_on():
+    """The window / hybrid students take the teacher's norms (a covering window is the teacher again); the primal
+    student has none and says so."""
+    torch.manual_seed(0)
+    kw = dict(dim=16, depth=2, num_heads=2, ffn_dim=32, dropout=0.0, attention_options={"qk_norm": "all_heads"})
+    teacher = CausalLM(50, 32, **kw).double().eval()
+    with torch.no_grad():
+        for name, p in teacher.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.uniform_(0.5, 1.5)
+    model, _ = swap_attention(teacher, "window", "all", window=32)
+    assert find_blocks(model)[1].attn.qk_norm == "all_heads"
+    ids = torch.randint(0, 50, (3, 20))
+    torch.testing.assert_close(model.eval()(ids), teacher(ids))
+    with pytest.warns(UserWarning, match="student 'primal' takes no query / key norms"):
+        swap_attention(teacher, "primal", [-1], s=4)

@@ -1,14 +1,16 @@
 """primaldual.integrations.hf.convert on Llama and the model types of its layout (Mistral, Qwen2, Gemma, Granite,
-OLMo, SmolLM3, Phi-3): grouped K / V heads, rotary embeddings, the cache, save and load, and what is refused."""
+OLMo, SmolLM3, Phi-3, and with query / key norms Qwen3, Qwen3-MoE, OLMo 2 and 3, Gemma 3): grouped K / V heads,
+rotary embeddings, query / key norms, the cache, save and load, and what is refused."""
 
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
 
-from .tiny_models import ROTARY, tiny, token_batch
+from .tiny_models import QK_NORMED, ROTARY, tiny, token_batch
 
 pytest.importorskip("transformers")
 hf = pytest.importorskip("primaldual.integrations.hf")
@@ -142,14 +144,22 @@ def test_recomputing_mechanisms_still_decode_exactly():
 @pytest.mark.parametrize("name", sorted(ROTARY))
 def test_every_llama_layout_type_converts_faithfully(name):
     """Softmax in every layer gives the original's logits (grouped heads, biases (Qwen2), the fused qkv_proj
-    (Phi-3), the logit scale (Granite), NoPE layers (SmolLM3)); a primal last layer decodes with its state."""
+    (Phi-3), the logit scale (Granite), NoPE layers (SmolLM3), query / key norms (Qwen3, OLMo 2, Gemma 3)); so does
+    softmax decoding with the cache; a primal last layer decodes with its state."""
     overrides = {"attention_multiplier": 0.7} if name == "granite" else {}  # not 1 / sqrt(head_dim)
     model = tiny(name, **overrides)
     ids, mask = _left_padded()
     conv = hf.convert(copy.deepcopy(model), "softmax", "all")
     torch.testing.assert_close(_logits(conv, ids, mask), _logits(model, ids, mask), rtol=0, atol=1e-5)
-    with pytest.warns(UserWarning, match="takes no rotary position embeddings"):
+    if name in QK_NORMED:
+        kw = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=1)
+        assert torch.equal(conv.generate(ids, **kw), model.generate(ids, **kw))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
         conv = hf.convert(copy.deepcopy(model), "primal", (0,), s=4)
+    said = [str(w.message) for w in seen]
+    assert any("takes no rotary position embeddings" in m for m in said)
+    assert any("takes no query / key norms" in m for m in said) == (name in QK_NORMED)
     got = conv.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=1)
     assert torch.equal(got, _greedy(conv, ids, mask, 3))
 
@@ -168,6 +178,9 @@ def test_nope_layers_take_no_rotary_tables():
         ("olmo", {"clip_qkv": 8.0}, "all", r"layer 0: clamped projections \(clip_qkv=8.0\)"),
         ("gemma", {"use_bidirectional_attention": True}, "all", "layer 0: a bidirectional decoder"),
         ("phi3", {"partial_rotary_factor": 0.5}, "all", r"layer 0: partial rotary embeddings \(partial_rotary_factor=0.5\)"),
+        ("gemma3_text", {"attn_logit_softcapping": 50.0}, "all", r"layer 0: soft-capped attention logits"),
+        ("olmo3", {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4}, (0,),
+         r"layer 0: sliding-window attention"),
     ],
 )  # fmt: skip
 def test_what_a_converted_layer_cannot_reproduce_is_refused(name, overrides, layers, message):
@@ -178,18 +191,45 @@ def test_what_a_converted_layer_cannot_reproduce_is_refused(name, overrides, lay
         hf.convert(model, "softmax", (0,))
 
 
-def test_query_key_norms_are_refused():
-    """Qwen3 normalises q and k per head: not a supported type, and the layout check would name the norms."""
+def test_query_key_norms_are_read_per_head_or_over_all_heads():
+    """Per head (Qwen3; Gemma 3's gain is 1 + w), or over all heads with the grouped key heads' gain repeated to
+    the query heads (OLMo 2); the layer's gains are the ones the model applies."""
+    for name, kind in (("qwen3", "head"), ("gemma3_text", "head"), ("olmo2", "all_heads")):
+        model = tiny(name)
+        attn = model.model.layers[1].self_attn
+        layer = hf.convert(copy.deepcopy(model), "softmax", (1,)).model.layers[1].self_attn.attn
+        eps = getattr(attn.q_norm, "variance_epsilon", getattr(attn.q_norm, "eps", None))
+        assert layer.qk_norm == kind and layer.q_norm.eps == eps
+        offset = 1.0 if name == "gemma3_text" else 0.0
+        torch.testing.assert_close(layer.q_norm.weight, attn.q_norm.weight + offset, rtol=0, atol=0)
+        k = attn.k_norm.weight + offset
+        if kind == "all_heads":  # (Hkv*D,) -> (H*D,): each key head's gain for the query heads it serves
+            k = k.view(2, -1).repeat_interleave(2, 0).flatten()
+        torch.testing.assert_close(layer.k_norm.weight, k, rtol=0, atol=0)
+
+
+def test_save_pretrained_from_pretrained_round_trip_with_query_key_norms(tmp_path):
+    """Gemma 3's 1 + w gain is read again from the fresh (meta-device) model transformers builds while loading,
+    and the saved gains load into the converted layers."""
+    model = hf.convert(tiny("gemma3_text"), "softmax", "all")
+    model.save_pretrained(tmp_path)
     import transformers
 
-    from primaldual.integrations.hf.architectures import _rotary_layout
+    back = hf.from_pretrained(transformers.Gemma3ForCausalLM, tmp_path)
+    ids, mask = _left_padded()
+    torch.testing.assert_close(_logits(back, ids, mask), _logits(model, ids, mask), rtol=0, atol=0)
 
-    cfg = transformers.Qwen3Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                                   num_hidden_layers=1, intermediate_size=64, vocab_size=50)  # fmt: skip
-    attn = transformers.Qwen3ForCausalLM(cfg).model.layers[0].self_attn
-    assert "query / key norms" in _rotary_layout(attn)
-    with pytest.raises(ValueError, match="unsupported architecture: model type 'qwen3'"):
-        hf.convert(transformers.Qwen3ForCausalLM(cfg), "softmax", "all")
+
+def test_a_norm_that_is_not_an_rms_norm_is_refused():
+    model = tiny("qwen3")
+    model.model.layers[1].self_attn.q_norm = torch.nn.LayerNorm(8)
+    with pytest.raises(ValueError, match=r"model type 'qwen3', layer 1: self_attn.q_norm is not an RMS norm"):
+        hf.convert(copy.deepcopy(model), "softmax", "all")
+    hf.convert(model, "softmax", (0,))  # the other layer converts
+    model = tiny("olmo2")
+    model.model.layers[0].self_attn.k_norm = None
+    with pytest.raises(ValueError, match="layer 0: a norm on the queries or on the keys alone"):
+        hf.convert(model, "softmax", (0,))
 
 
 @pytest.mark.parametrize("mech,options,message", [

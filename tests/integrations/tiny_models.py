@@ -43,8 +43,19 @@ def tiny(name: str, **overrides):
             kw["use_sliding_window"] = False
         if name == "smollm3":
             kw["no_rope_layers"] = [1, 0]  # layer 1 takes no rotary tables (NoPE)
+        if name in ("qwen3", "qwen3_moe", "gemma3_text"):
+            kw["head_dim"] = 8  # (defaults 128, 256)
+        if name in ("olmo3", "gemma3_text"):
+            kw["layer_types"] = ["full_attention"] * 2  # (by default some layers use a sliding window)
+        if name == "qwen3_moe":
+            kw.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
         cfg = getattr(tr, f"{prefix}Config")(**{**kw, **overrides})
-        return getattr(tr, f"{prefix}ForCausalLM")(cfg).eval()
+        model = getattr(tr, f"{prefix.removesuffix('Text')}ForCausalLM")(cfg).eval()
+        with torch.no_grad():  # query / key gains away from their initial 1 (Gemma: 0), so that one left out shows
+            for key, p in model.named_parameters():
+                if key.endswith(("q_norm.weight", "k_norm.weight")):
+                    p.add_(torch.rand(p.shape) - 0.5)
+        return model
     raise ValueError(name)
 
 
@@ -58,7 +69,15 @@ ROTARY = {
     "olmo": "Olmo",
     "smollm3": "SmolLM3",
     "phi3": "Phi3",
+    # with query / key RMS norms: per head (Qwen3, Gemma 3, whose gain is 1 + w), over all heads (OLMo 2 and 3)
+    "qwen3": "Qwen3",
+    "qwen3_moe": "Qwen3Moe",
+    "olmo2": "Olmo2",
+    "olmo3": "Olmo3",
+    "gemma3_text": "Gemma3Text",
 }
+#: the types among :data:`ROTARY` whose attention normalises queries and keys
+QK_NORMED = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text")
 
 
 def token_batch(batch: int = 2, length: int = 9, pad_from: int | None = 6, vocab: int = 50):

@@ -22,6 +22,10 @@ model type                 blocks                  replaced module              
 ``gemma``, ``granite``,                                                         ``qkv_proj``); what a converted
 ``olmo``, ``smollm3``,                                                          layer cannot reproduce is refused
 ``phi3``                                                                        (:func:`_rotary_layout`)
+``qwen3``, ``qwen3_moe``,  ``model.layers``        ``layer.self_attn``          as Llama, plus the RMS norms on q
+``olmo2``, ``olmo3``,                                                           and k (:func:`_qk_norm`): per head
+``gemma3_text``                                                                 (Qwen3, Gemma 3) or over all heads
+                                                                                (OLMo 2 and 3)
 =========================  ======================  ===========================  ==================================
 
 Llama's attention (and that of each type of its layout) receives its rotary tables from the decoder layer
@@ -32,11 +36,14 @@ mechanism does not (primal: its positions come from its causal prefix means).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
 
+from ...functional.qk_norm import QKNorm
 from .compat import model_type_of, positional_arg_names
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "Site", "find_blocks", "read_site"]
@@ -56,6 +63,7 @@ class Site:
         layer_idx: its index in the model's cache (None for encoders).
         norm: the residual ``LayerNorm`` inside the replaced module (post-norm BERT), or None.
         rope: the module receives rotary tables (``position_embeddings``) and applies them to q and k (Llama).
+        qk_norm: the module's RMS norms on q and k, applied before the rotary tables (Qwen3, OLMo 2, Gemma 3).
     """
 
     attr: str
@@ -72,6 +80,7 @@ class Site:
     layer_idx: int | None
     norm: nn.Module | None = None
     rope: bool = False
+    qk_norm: QKNorm | None = None
 
     @property
     def arg_names(self) -> tuple[str, ...]:
@@ -192,19 +201,19 @@ def _repeat_heads(proj: Projection, kv_heads: int, heads: int, head_dim: int, na
 
 
 def _rotary_layout(attn: nn.Module) -> str | None:
-    """Why a Llama-layout attention cannot be reproduced by a converted layer, or None: projections clamped,
-    normalised per head, rotated in part, or a sliding window (the converted layers attend to the whole prefix)."""
+    """Why a Llama-layout attention cannot be reproduced by a converted layer, or None: projections clamped, rotated
+    in part, soft-capped logits, or a sliding window (the converted layers attend to the whole prefix)."""
     cfg = attn.config
     if not getattr(attn, "is_causal", True):
         return "a bidirectional decoder (is_causal False: use_bidirectional_attention) is not supported"
-    if any(getattr(attn, n, None) is not None for n in ("q_norm", "k_norm")):
-        return "query / key norms (self_attn.q_norm, k_norm) are not supported"
     if getattr(cfg, "clip_qkv", None) is not None:
         return f"clamped projections (clip_qkv={cfg.clip_qkv}) are not supported"
     rope = getattr(cfg, "rope_parameters", None)
     part = rope.get("partial_rotary_factor", 1.0) if isinstance(rope, dict) else 1.0
     if getattr(attn, "use_rope", True) and part != 1.0:
         return f"partial rotary embeddings (partial_rotary_factor={part}) are not supported"
+    if (cap := getattr(cfg, "attn_logit_softcapping", None)) is not None:
+        return f"soft-capped attention logits (attn_logit_softcapping={cap}) are not supported"
     # the layer's own window where it keeps one (Qwen2, SmolLM3: None on full-attention layers), else the model's
     window = getattr(attn, "sliding_window", getattr(cfg, "sliding_window", None))
     types, i = getattr(cfg, "layer_types", None) or [], attn.layer_idx
@@ -214,6 +223,53 @@ def _rotary_layout(attn: nn.Module) -> str | None:
             "whole prefix"
         )
     return None
+
+
+def _rms_gain(norm: nn.Module, width: int, name: str) -> tuple[Tensor, float]:
+    """The gain an RMS norm ``norm`` applies and its epsilon. Two parametrisations exist (``x_hat * w``: Llama,
+    Qwen3, OLMo 2; ``x_hat * (1 + w)``: Gemma); which one is read from a copy of the module run on a probe with a
+    known weight, so a meta-device model (as transformers builds one before loading) is read as a loaded one. A
+    norm that is neither (a LayerNorm, an extra parameter) is a :class:`LayoutError`."""
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    params = dict(norm.named_parameters())
+    weight = params.get("weight")
+    if not isinstance(eps, float) or set(params) != {"weight"} or tuple(weight.shape) != (width,):
+        raise LayoutError(f"self_attn.{name} is not an RMS norm of {width} features with one gain")
+    probe = copy.deepcopy(norm).to_empty(device="cpu").float()
+    g = torch.Generator().manual_seed(0)
+    cpu = torch.device("cpu")  # explicit: transformers may build the model inside a meta-device context
+    w = torch.rand(width, generator=g, device=cpu) + 0.5
+    x = torch.randn(3, width, generator=g, device=cpu) * torch.tensor(
+        [[1.0], [1e-3], [10.0]], device=cpu
+    )  # the small row tests eps
+    with torch.no_grad():
+        probe.weight.copy_(w)
+        y = probe(x)
+    x_hat = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    for offset in (0.0, 1.0):  # x_hat * w, then x_hat * (1 + w)
+        if torch.allclose(y, x_hat * (w + offset), rtol=1e-4, atol=1e-6):
+            return (weight + offset if offset else weight).detach(), eps
+    raise LayoutError(f"self_attn.{name} is not an RMS norm (x * rsqrt(mean(x^2) + eps) times a gain)")
+
+
+def _qk_norm(attn: nn.Module, heads: int, kv_heads: int, head_dim: int) -> QKNorm | None:
+    """The attention's RMS norms on queries and keys (None without): per head (Qwen3, Gemma 3: a gain of
+    ``head_dim``) or over all heads (OLMo 2: the query width, and the key width of the grouped heads, repeated here
+    to the query heads)."""
+    q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+    if q_norm is None and k_norm is None:
+        return None
+    if q_norm is None or k_norm is None:
+        raise LayoutError("a norm on the queries or on the keys alone (self_attn.q_norm / k_norm) is not supported")
+    width = q_norm.weight.shape[0] if isinstance(getattr(q_norm, "weight", None), Tensor) else None
+    kind = "head" if width == head_dim else "all_heads"
+    q, eps = _rms_gain(q_norm, head_dim if kind == "head" else heads * head_dim, "q_norm")
+    k, k_eps = _rms_gain(k_norm, head_dim if kind == "head" else kv_heads * head_dim, "k_norm")
+    if k_eps != eps:
+        raise LayoutError(f"q_norm and k_norm have different epsilons ({eps} and {k_eps})")
+    if kind == "all_heads":
+        k = k.view(kv_heads, head_dim).repeat_interleave(heads // kv_heads, 0).reshape(heads * head_dim)  # (H*D,)
+    return QKNorm(kind, eps, q, k)
 
 
 def _rotary(block: nn.Module) -> Site:
@@ -252,6 +308,7 @@ def _rotary(block: nn.Module) -> Site:
         proj_drop=0.0,
         layer_idx=attn.layer_idx,
         rope=bool(getattr(attn, "use_rope", True)),  # SmolLM3's NoPE layers take no tables
+        qk_norm=_qk_norm(attn, heads, kv_heads, head_dim),
     )
 
 
@@ -278,7 +335,10 @@ def _opt(block: nn.Module) -> Site:
 
 
 #: the model types with the Llama layout (:func:`_rotary`)
-ROTARY_MODEL_TYPES = ("llama", "mistral", "qwen2", "gemma", "granite", "olmo", "smollm3", "phi3")
+ROTARY_MODEL_TYPES = (
+    *("llama", "mistral", "qwen2", "gemma", "granite", "olmo", "smollm3", "phi3"),
+    *("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text"),  # with query / key norms
+)
 _FAMILIES: dict[str, tuple[tuple[str, ...], Callable[[nn.Module], Site]]] = {
     "gpt2": (("transformer.h", "h"), _gpt2),
     "decision_transformer": (("encoder.h", "h"), _gpt2),

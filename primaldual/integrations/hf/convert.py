@@ -23,6 +23,7 @@ from typing import Any
 
 from torch import nn
 
+from ...attention.registry import attention_options
 from ..torch_nn import attention_from_projections, check_causal_capability, resolve_layer_indices, with_original
 from .architectures import find_blocks, read_site
 from .compat import (
@@ -95,6 +96,7 @@ def convert(
         cache_keywords.append(resolve_cache_keyword(site.module, causal=site.causal))
         sites.append(site)
     new = []
+    takes_norms = "qk_norm" in attention_options(attention)
     for site, cache_keyword in zip(sites, cache_keywords):
         own = with_original(attention, options, attn_drop=site.attn_drop, proj_drop=site.proj_drop, scale=site.scale)
         layer = attention_from_projections(
@@ -105,6 +107,7 @@ def convert(
             v=site.v,
             out=site.out,
             causal=site.causal,
+            qk_norm=site.qk_norm if takes_norms else None,
             **own,
         )
         layer.train(site.module.training)
@@ -124,6 +127,13 @@ def convert(
         warnings.warn(
             f"layers {ignored}: attention {attention!r} takes no rotary position embeddings, so the converted "
             "layers do without the model's RoPE (a primal layer's positions come from its causal prefix means)",
+            UserWarning,
+            stacklevel=2,
+        )
+    if not takes_norms and (normed := [i for i, site in zip(chosen, sites) if site.qk_norm is not None]):
+        warnings.warn(
+            f"layers {normed}: attention {attention!r} takes no query / key norms (qk_norm), so the converted layers "
+            "do without the model's q_norm / k_norm (a primal layer normalises its own features)",
             UserWarning,
             stacklevel=2,
         )
