@@ -1,4 +1,5 @@
-"""primaldual.integrations.hf.convert: module swaps in GPT-2, BERT, RoBERTa, ViT and the Decision Transformer."""
+"""primaldual.integrations.hf.convert: module swaps in GPT-2, the BERT-like encoders (BERT, RoBERTa, XLM-RoBERTa,
+CamemBERT, ELECTRA, DistilBERT), the ViT-like ones (ViT, DeiT, DINOv2) and the Decision Transformer."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ EXACT = [("softmax", {}), ("sparse", {"window": 64})]  # a window covering the s
 def _outputs(name: str, model, padded: bool = True) -> torch.Tensor:
     """The model's main output at real positions, for a fixed batch."""
     with torch.no_grad():
-        if name == "vit":
+        if name in ("vit", "deit", "dinov2"):
             return model(torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(3))).last_hidden_state
         if name == "dt":
             inp = dt_inputs(pad_from=3 if padded else None)
@@ -41,7 +42,14 @@ def _outputs(name: str, model, padded: bool = True) -> torch.Tensor:
         ("bert", "sdpa"),
         ("bert", "eager"),
         ("roberta", "sdpa"),
+        ("xlm-roberta", "sdpa"),
+        ("camembert", "eager"),
+        ("electra", "sdpa"),
+        ("distilbert", "sdpa"),
+        ("distilbert", "eager"),
         ("vit", "sdpa"),
+        ("deit", "sdpa"),
+        ("dinov2", "eager"),
         ("dt", "eager"),
     ],
 )
@@ -194,7 +202,13 @@ def test_state_dict_round_trip():
 
 @pytest.mark.parametrize(
     "name,mech,opts",  # ViT's checkpoints use other key names than its modules: transformers renames them
-    [("gpt2", "primal", {"s": 4}), ("bert", "softmax_sh", {"factors": [1, 2]}), ("vit", "primal", {"s": 4})],
+    [
+        ("gpt2", "primal", {"s": 4}),
+        ("bert", "softmax_sh", {"factors": [1, 2]}),
+        ("vit", "primal", {"s": 4}),
+        ("distilbert", "primal", {"s": 4}),
+        ("dinov2", "softmax_bn", {}),
+    ],
 )
 def test_save_pretrained_from_pretrained_round_trip(tmp_path, name, mech, opts):
     model = hf.convert(tiny(name), mech, -1, **opts)

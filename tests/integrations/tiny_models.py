@@ -7,23 +7,30 @@ import torch
 
 
 def tiny(name: str, **overrides):
-    """A tiny, randomly initialised, eval-mode model: ``gpt2``, ``bert``, ``roberta``, ``vit``, ``dt``, or one of
-    :data:`ROTARY` (``llama`` and the others of its layout: 4 query heads on 2 key / value heads, RoPE)."""
+    """A tiny, randomly initialised, eval-mode model: ``gpt2``, one of :data:`BERT_LIKE`, ``distilbert``, ``vit``,
+    ``deit``, ``dinov2``, ``dt``, ``opt``, or one of :data:`ROTARY` (``llama`` and the others of its layout: 4 query
+    heads on 2 key / value heads, RoPE)."""
     tr = pytest.importorskip("transformers")
     torch.manual_seed(0)
     if name == "gpt2":
         kw = dict(n_layer=2, n_embd=32, n_head=2, vocab_size=50, n_positions=64, bos_token_id=0, eos_token_id=0)
         cfg = tr.GPT2Config(**{**kw, "pad_token_id": 0, **overrides})
         return tr.GPT2LMHeadModel(cfg).eval()
-    if name in ("bert", "roberta"):
-        cls_cfg, cls = (tr.BertConfig, tr.BertModel) if name == "bert" else (tr.RobertaConfig, tr.RobertaModel)
+    if name in BERT_LIKE:
+        prefix = BERT_LIKE[name]
         kw = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64, vocab_size=50)
-        cfg = cls_cfg(**{**kw, "max_position_embeddings": 64, "pad_token_id": 1, **overrides})
-        return cls(cfg).eval()
-    if name == "vit":
+        kw.update(max_position_embeddings=64, pad_token_id=1, **({"embedding_size": 16} if name == "electra" else {}))
+        cfg = getattr(tr, f"{prefix}Config")(**{**kw, **overrides})
+        return getattr(tr, f"{prefix}Model")(cfg).eval()
+    if name == "distilbert":
+        kw = dict(n_layers=2, dim=32, n_heads=2, hidden_dim=64, vocab_size=50, max_position_embeddings=64)
+        return tr.DistilBertModel(tr.DistilBertConfig(**{**kw, "pad_token_id": 1, **overrides})).eval()
+    if name in ("vit", "deit", "dinov2"):
+        prefix = {"vit": "ViT", "deit": "DeiT", "dinov2": "Dinov2"}[name]
         kw = dict(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2)
-        cfg = tr.ViTConfig(**{**kw, "num_attention_heads": 2, "intermediate_size": 64, **overrides})
-        return tr.ViTModel(cfg).eval()
+        kw.update(num_attention_heads=2, **({"mlp_ratio": 2} if name == "dinov2" else {"intermediate_size": 64}))
+        cfg = getattr(tr, f"{prefix}Config")(**{**kw, **overrides})
+        return getattr(tr, f"{prefix}Model")(cfg).eval()
     if name == "dt":
         kw = dict(state_dim=3, act_dim=2, hidden_size=32, n_layer=2, n_head=2, max_ep_len=20, n_positions=64)
         cfg = tr.DecisionTransformerConfig(**{**kw, **overrides})
@@ -58,6 +65,15 @@ def tiny(name: str, **overrides):
         return model
     raise ValueError(name)
 
+
+#: the tiny encoders with BERT's attention layout, by model type: transformers' class prefix
+BERT_LIKE = {
+    "bert": "Bert",
+    "roberta": "Roberta",
+    "xlm-roberta": "XLMRoberta",
+    "camembert": "Camembert",
+    "electra": "Electra",
+}
 
 #: the tiny models with Llama's layout (grouped K / V heads, RoPE), by model type: transformers' class prefix
 ROTARY = {

@@ -10,10 +10,13 @@ model type                 blocks                  replaced module              
 ``gpt2``                   ``transformer.h``       ``block.attn``               fused ``c_attn`` / ``c_proj``
                                                                                 (``Conv1D``: weights transposed)
 ``decision_transformer``   ``encoder.h``           ``block.attn``               as GPT-2
-``bert``, ``roberta``      ``<base>.encoder.layer`` ``layer.attention`` (self +  ``self.query/key/value``,
-                                                   output block; its residual   ``output.dense``
-                                                   ``LayerNorm`` is kept)
-``vit``                    ``vit.layers``          ``layer.attention``          ``q_proj/k_proj/v_proj/o_proj``
+``bert``, ``roberta``,     ``<base>.encoder.layer`` ``layer.attention`` (self +  ``self.query/key/value``,
+``xlm-roberta``,                                   output block; its residual   ``output.dense``
+``camembert``, ``electra``                         ``LayerNorm`` is kept)
+``distilbert``             ``transformer.layer``   ``layer.attention``          ``q_lin/k_lin/v_lin/out_lin``
+``vit``, ``deit``,         ``<base>.layers``       ``layer.attention``          ``q_proj/k_proj/v_proj/o_proj``
+``dinov2``                 (DINOv2:
+                           ``encoder.layer``)
 ``opt``                    ``model.decoder.layers`` ``layer.self_attn``         ``q_proj/k_proj/v_proj/out_proj``
 ``llama``                  ``model.layers``        ``layer.self_attn``          ``q_proj/k_proj/v_proj/o_proj``;
                                                                                 grouped K / V heads repeated to
@@ -185,6 +188,28 @@ def _vit(block: nn.Module) -> Site:
     )
 
 
+def _distilbert(block: nn.Module) -> Site:
+    """DistilBERT: ``attention`` with ``q_lin/k_lin/v_lin/out_lin``; the residual norm (``sa_layer_norm``) is the
+    block's, outside the replaced module."""
+    att = getattr(block, "attention", None)
+    if att is None or not all(hasattr(att, n) for n in ("q_lin", "k_lin", "v_lin", "out_lin")):
+        raise LayoutError("expected a DistilBERT block with attention.q_lin/k_lin/v_lin/out_lin")
+    return Site(
+        attr="attention",
+        module=att,
+        q=_linear(att.q_lin),
+        k=_linear(att.k_lin),
+        v=_linear(att.v_lin),
+        out=_linear(att.out_lin),
+        num_heads=att.n_heads,
+        causal=False,
+        scale=float(att.scaling),
+        attn_drop=float(att.dropout.p),
+        proj_drop=0.0,
+        layer_idx=None,
+    )
+
+
 def _repeat_heads(proj: Projection, kv_heads: int, heads: int, head_dim: int, name: str) -> Projection:
     """A grouped key / value projection ``(Hkv * D, C)`` as ``(H * D, C)``: each of the ``Hkv`` heads repeated for
     the ``H / Hkv`` consecutive query heads it serves (transformers' ``repeat_kv`` order)."""
@@ -344,7 +369,13 @@ _FAMILIES: dict[str, tuple[tuple[str, ...], Callable[[nn.Module], Site]]] = {
     "decision_transformer": (("encoder.h", "h"), _gpt2),
     "bert": (("bert.encoder.layer", "encoder.layer"), _bert),
     "roberta": (("roberta.encoder.layer", "encoder.layer"), _bert),
+    "xlm-roberta": (("roberta.encoder.layer", "encoder.layer"), _bert),
+    "camembert": (("roberta.encoder.layer", "encoder.layer"), _bert),
+    "electra": (("electra.encoder.layer", "encoder.layer"), _bert),
+    "distilbert": (("distilbert.transformer.layer", "transformer.layer"), _distilbert),
     "vit": (("vit.layers", "layers", "vit.encoder.layer", "encoder.layer"), _vit),
+    "deit": (("deit.layers", "layers", "deit.encoder.layer", "encoder.layer"), _vit),
+    "dinov2": (("dinov2.encoder.layer", "encoder.layer"), _vit),
     "opt": (("model.decoder.layers", "decoder.layers"), _opt),
     **{t: (("model.layers", "layers"), _rotary) for t in ROTARY_MODEL_TYPES},
 }
