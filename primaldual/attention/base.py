@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..checks import check_heads, check_mask, check_tokens
-from ..functional.qk_norm import QK_NORMS, QKNorm, qk_rms_norm
+from ..functional.qk_norm import QK_NORM_EPS, QK_NORMS, QKNorm, qk_rms_norm
 from ..functional.rotary import apply_rope, check_rope
 from ..options import check_bool, check_choice, check_number
 from .capabilities import Capabilities
@@ -335,16 +335,16 @@ class QKVAttention(AttentionLayer):
     """
 
     def __init__(
-        self, dim: int, num_heads: int, *, qk_norm: str | None = None, qk_norm_eps: float = 1e-6, **kwargs
+        self, dim: int, num_heads: int, *, qk_norm: str | None = None, qk_norm_eps: float = QK_NORM_EPS, **kwargs
     ) -> None:
         device, dtype = kwargs.get("device"), kwargs.get("dtype")
         super().__init__(dim, num_heads, **kwargs)
         fk = {"device": device, "dtype": dtype}
         self.qkv = nn.Linear(dim, 3 * self.inner_dim, bias=self.qkv_bias, **fk)
         self.proj = nn.Linear(self.inner_dim, dim, **fk)
-        self.qk_norm = None if qk_norm is None else check_choice("qk_norm", qk_norm, (None, *QK_NORMS))
+        self.qk_norm = check_choice("qk_norm", qk_norm, (None, *QK_NORMS))
         eps = check_number("qk_norm_eps", qk_norm_eps, low=0.0, low_open=True)
-        if qk_norm is None and eps != 1e-6:
+        if qk_norm is None and eps != QK_NORM_EPS:
             raise ValueError("qk_norm_eps: only a layer with qk_norm ('head' or 'all_heads') reads it")
         if self.qk_norm is not None:
             width = self.head_dim if self.qk_norm == "head" else self.inner_dim
@@ -354,11 +354,12 @@ class QKVAttention(AttentionLayer):
     def extra_repr(self) -> str:
         return super().extra_repr() + (f", qk_norm={self.qk_norm!r}" if self.qk_norm is not None else "")
 
-    def qk_norms(self) -> QKNorm | None:
-        """This layer's query / key norms (None without ``qk_norm``): what a layer built from it copies."""
+    def qk_norm_gains(self) -> QKNorm | None:
+        """This layer's query / key norms, gains detached (None without ``qk_norm``): what a layer built from it
+        copies."""
         if self.qk_norm is None:
             return None
-        return QKNorm(self.qk_norm, self.q_norm.eps, self.q_norm.weight, self.k_norm.weight)
+        return QKNorm(self.qk_norm, self.q_norm.eps, self.q_norm.weight.detach(), self.k_norm.weight.detach())
 
     def _normed(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         """q, k ``(B, H, N, D)`` through their RMS norms (``qk_norm``); unchanged without."""

@@ -93,7 +93,7 @@ def student_layer(teacher: QKVAttention, student: str, **options: Any) -> Attent
     def part(i: int) -> tuple[Tensor, Tensor | None]:
         return w[i * inner : (i + 1) * inner], None if b is None else b[i * inner : (i + 1) * inner]
 
-    norms = teacher.qk_norms()
+    norms = teacher.qk_norm_gains()
     if norms is not None and "qk_norm" not in attention_options(name):
         warnings.warn(
             f"student {student!r} takes no query / key norms (qk_norm): it does without the teacher's "

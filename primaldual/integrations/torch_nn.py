@@ -187,14 +187,19 @@ def accepts_attention_dropout(name: str) -> bool:
     return True
 
 
+def _check_reserved(options: dict[str, Any]) -> None:
+    for key in _RESERVED_OPTIONS:
+        if key in options:
+            whence = " (its q_norm / k_norm, or their absence)" if key.startswith("qk_norm") else ""
+            raise TypeError(f"option {key!r} is set from the model being converted{whence}; do not pass it")
+
+
 def with_original(name: str, options: dict[str, Any], **original: Any) -> dict[str, Any]:
     """Keyword arguments for :func:`attention_from_projections`: a converted model's own settings (``attn_drop``,
     ``proj_drop``, ``scale``), each replaced by the user's option of that name where given, plus the other options.
     A user's ``scale`` or non-zero ``attn_drop`` that mechanism ``name`` cannot take is a ``TypeError``: the model's
     own are dropped there (:func:`attention_from_projections`), a user's never silently."""
-    for key in _RESERVED_OPTIONS:
-        if key in options:
-            raise TypeError(f"option {key!r} is set from the model being converted; do not pass it")
+    _check_reserved(options)
     if "scale" in options and "scale" not in attention_options(name):
         raise TypeError(
             f"option 'scale': attention {name!r} has no logit scale (its options: {sorted(attention_options(name))})"
@@ -281,9 +286,7 @@ def attention_from_projections(
     Returns:
         The layer on the weights' device and dtype. Primal keeps query, key and output (it has no values).
     """
-    for key in _RESERVED_OPTIONS:
-        if key in options:
-            raise TypeError(f"option {key!r} is set from the model being converted; do not pass it")
+    _check_reserved(options)
     q_w, q_b = q
     out_w, out_b = out
     dim, inner = out_w.shape[0], q_w.shape[0]
@@ -327,11 +330,11 @@ def attention_from_projections(
         if in_proj.bias is not None:
             in_proj.bias.copy_(torch.cat([b for _, b in parts]))
         if qk_norm is not None:
-            for name_, gain in (("q", qk_norm.q), ("k", qk_norm.k)):
-                target = getattr(layer, f"{name_}_norm").weight
+            for part, gain in (("q", qk_norm.q), ("k", qk_norm.k)):
+                target = getattr(layer, f"{part}_norm").weight
                 if gain.shape != target.shape:
                     raise ValueError(
-                        f"qk_norm.{name_}: a {qk_norm.kind!r} norm of this layer has a gain of shape "
+                        f"qk_norm.{part}: a {qk_norm.kind!r} norm of this layer has a gain of shape "
                         f"{tuple(target.shape)}, got {tuple(gain.shape)}"
                     )
                 target.copy_(gain)

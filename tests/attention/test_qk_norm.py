@@ -93,7 +93,7 @@ def test_norms_change_the_output_and_are_in_the_state_dict():
     assert rel_err(normed(x), plain(x)) > 1e-3
     assert {"q_norm.weight", "k_norm.weight"} <= set(normed.state_dict())
     assert "qk_norm='head'" in repr(normed)
-    assert normed.qk_norms().kind == "head" and plain.qk_norms() is None
+    assert normed.qk_norm_gains().kind == "head" and plain.qk_norm_gains() is None
 
 
 @pytest.mark.parametrize("opts,error,message", [

@@ -44,3 +44,8 @@ def test_half_inputs_are_normalised_in_float32_and_returned_in_their_dtype(dtype
     assert out.dtype == dtype
     want = _formula(t.float(), g.to(dtype).float(), 1e-6).to(dtype)  # one rounding, at the end
     assert torch.equal(out, want)
+
+
+def test_an_unknown_kind_is_named():
+    with pytest.raises(ValueError, match="kind must be one of"):
+        qk_rms_norm(torch.ones(1, 1, 1, 4), torch.ones(4), 1e-6, "heads")

@@ -220,6 +220,37 @@ def test_save_pretrained_from_pretrained_round_trip_with_query_key_norms(tmp_pat
     torch.testing.assert_close(_logits(back, ids, mask), _logits(model, ids, mask), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("name", ["qwen3", "olmo2", "gemma3_text"])
+def test_a_converted_model_with_query_key_norms_loads_in_bf16(tmp_path, name):
+    """transformers builds the model in bf16 (the default dtype while loading): the norms are still read."""
+    import transformers
+
+    model = hf.convert(tiny(name), "softmax", "all")
+    model.save_pretrained(tmp_path)
+    cls = getattr(transformers, f"{ROTARY[name].removesuffix('Text')}ForCausalLM")
+    back = hf.from_pretrained(cls, tmp_path, dtype=torch.bfloat16)
+    layer = back.model.layers[0].self_attn.attn
+    assert layer.q_norm.weight.dtype == torch.bfloat16
+    torch.testing.assert_close(layer.q_norm.weight, model.model.layers[0].self_attn.attn.q_norm.weight.bfloat16())
+
+
+def test_identity_norms_are_no_norms_and_other_norms_are_named():
+    model = tiny("qwen3")
+    attn = model.model.layers[0].self_attn
+    attn.q_norm, attn.k_norm = torch.nn.Identity(), torch.nn.Identity()
+    assert hf.convert(copy.deepcopy(model), "softmax", (0,)).model.layers[0].self_attn.attn.qk_norm is None
+    attn.q_norm, attn.k_norm = torch.nn.RMSNorm(8), torch.nn.RMSNorm(8)  # eps None: the input dtype's
+    with pytest.raises(ValueError, match=r"layer 0: self_attn.q_norm has no float epsilon"):
+        hf.convert(copy.deepcopy(model), "softmax", (0,))
+    attn.q_norm, attn.k_norm = torch.nn.RMSNorm(8, eps=1e-6), torch.nn.RMSNorm(8, eps=1e-6)
+    assert hf.convert(model, "softmax", (0,)).model.layers[0].self_attn.attn.qk_norm == "head"
+
+
+def test_the_norms_are_not_user_options_of_a_conversion():
+    with pytest.raises(TypeError, match=r"option 'qk_norm' is set from the model being converted \(its q_norm"):
+        hf.convert(tiny("llama"), "softmax", qk_norm="head")
+
+
 def test_a_norm_that_is_not_an_rms_norm_is_refused():
     model = tiny("qwen3")
     model.model.layers[1].self_attn.q_norm = torch.nn.LayerNorm(8)

@@ -253,27 +253,33 @@ def _rotary_layout(attn: nn.Module) -> str | None:
 def _rms_gain(norm: nn.Module, width: int, name: str) -> tuple[Tensor, float]:
     """The gain an RMS norm ``norm`` applies and its epsilon. Two parametrisations exist (``x_hat * w``: Llama,
     Qwen3, OLMo 2; ``x_hat * (1 + w)``: Gemma); which one is read from a copy of the module run on a probe with a
-    known weight, so a meta-device model (as transformers builds one before loading) is read as a loaded one. A
-    norm that is neither (a LayerNorm, an extra parameter) is a :class:`LayoutError`."""
-    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    known weight, in float32 on the CPU whatever the default dtype and device are, so a model transformers builds
+    on the meta device or in bf16 while loading is read as a loaded one. A norm that is neither (a LayerNorm, an
+    extra parameter) is a :class:`LayoutError`."""
     params = dict(norm.named_parameters())
     weight = params.get("weight")
-    if not isinstance(eps, float) or set(params) != {"weight"} or tuple(weight.shape) != (width,):
+    if set(params) != {"weight"} or tuple(weight.shape) != (width,):
         raise LayoutError(f"self_attn.{name} is not an RMS norm of {width} features with one gain")
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    if not isinstance(eps, float):
+        raise LayoutError(
+            f"self_attn.{name} has no float epsilon (variance_epsilon or eps; got {eps!r}); torch's RMSNorm needs "
+            "an explicit eps"
+        )
+    fk = {"device": torch.device("cpu"), "dtype": torch.float32}
     probe = copy.deepcopy(norm).to_empty(device="cpu").float()
     g = torch.Generator().manual_seed(0)
-    cpu = torch.device("cpu")  # explicit: transformers may build the model inside a meta-device context
-    w = torch.rand(width, generator=g, device=cpu) + 0.5
-    x = torch.randn(3, width, generator=g, device=cpu) * torch.tensor(
-        [[1.0], [1e-3], [10.0]], device=cpu
-    )  # the small row tests eps
+    w = torch.rand(width, generator=g, **fk) + 0.5
+    # the second row's mean square is about eps: it tells the epsilon apart
+    x = torch.randn(3, width, generator=g, **fk) * torch.tensor([[1.0], [1e-3], [10.0]], **fk)
     with torch.no_grad():
         probe.weight.copy_(w)
         y = probe(x)
     x_hat = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    for offset in (0.0, 1.0):  # x_hat * w, then x_hat * (1 + w)
-        if torch.allclose(y, x_hat * (w + offset), rtol=1e-4, atol=1e-6):
-            return (weight + offset if offset else weight).detach(), eps
+    if torch.allclose(y, x_hat * w, rtol=1e-4, atol=1e-6):
+        return weight.detach(), eps
+    if torch.allclose(y, x_hat * (1 + w), rtol=1e-4, atol=1e-6):
+        return weight.detach().float() + 1, eps  # the 1 added in float32, as Gemma's forward adds it
     raise LayoutError(f"self_attn.{name} is not an RMS norm (x * rsqrt(mean(x^2) + eps) times a gain)")
 
 
@@ -281,13 +287,20 @@ def _qk_norm(attn: nn.Module, heads: int, kv_heads: int, head_dim: int) -> QKNor
     """The attention's RMS norms on queries and keys (None without): per head (Qwen3, Gemma 3: a gain of
     ``head_dim``) or over all heads (OLMo 2: the query width, and the key width of the grouped heads, repeated here
     to the query heads)."""
-    q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+    q_norm, k_norm = (getattr(attn, n, None) for n in ("q_norm", "k_norm"))
+    q_norm, k_norm = (None if isinstance(m, nn.Identity) else m for m in (q_norm, k_norm))  # Identity: built without
     if q_norm is None and k_norm is None:
         return None
     if q_norm is None or k_norm is None:
         raise LayoutError("a norm on the queries or on the keys alone (self_attn.q_norm / k_norm) is not supported")
-    width = q_norm.weight.shape[0] if isinstance(getattr(q_norm, "weight", None), Tensor) else None
-    kind = "head" if width == head_dim else "all_heads"
+    weight = getattr(q_norm, "weight", None)
+    kinds = {head_dim: "head", heads * head_dim: "all_heads"}
+    if not isinstance(weight, Tensor) or weight.dim() != 1 or weight.shape[0] not in kinds:
+        raise LayoutError(
+            f"self_attn.q_norm is not an RMS norm over one head's {head_dim} features or all heads' "
+            f"{heads * head_dim} (its weight: {None if weight is None else tuple(weight.shape)})"
+        )
+    kind = kinds[weight.shape[0]]
     q, eps = _rms_gain(q_norm, head_dim if kind == "head" else heads * head_dim, "q_norm")
     k, k_eps = _rms_gain(k_norm, head_dim if kind == "head" else kv_heads * head_dim, "k_norm")
     if k_eps != eps:
