@@ -210,6 +210,18 @@ def _distilbert(block: nn.Module) -> Site:
     )
 
 
+def _dinov2(block: nn.Module) -> Site:
+    """DINOv2: ViT's ``q_proj/k_proj/v_proj/o_proj`` layout (transformers 5.18 on; before, DINOv2 kept the older
+    ``attention.attention.query`` layout with a module that returns a tensor, not ``(out, weights)``)."""
+    att = getattr(block, "attention", None)
+    if att is None or not all(hasattr(att, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
+        raise LayoutError(
+            "expected a DINOv2 layer with attention.q_proj/k_proj/v_proj/o_proj, the layout of transformers 5.18 "
+            "and later (pip install 'transformers>=5.18')"
+        )
+    return _vit(block)
+
+
 def _repeat_heads(proj: Projection, kv_heads: int, heads: int, head_dim: int, name: str) -> Projection:
     """A grouped key / value projection ``(Hkv * D, C)`` as ``(H * D, C)``: each of the ``Hkv`` heads repeated for
     the ``H / Hkv`` consecutive query heads it serves (transformers' ``repeat_kv`` order)."""
@@ -388,7 +400,7 @@ _FAMILIES: dict[str, tuple[tuple[str, ...], Callable[[nn.Module], Site]]] = {
     "distilbert": (("distilbert.transformer.layer", "transformer.layer"), _distilbert),
     "vit": (("vit.layers", "layers", "vit.encoder.layer", "encoder.layer"), _vit),
     "deit": (("deit.layers", "layers", "deit.encoder.layer", "encoder.layer"), _vit),
-    "dinov2": (("dinov2.encoder.layer", "encoder.layer"), _vit),
+    "dinov2": (("dinov2.encoder.layer", "encoder.layer"), _dinov2),
     "opt": (("model.decoder.layers", "decoder.layers"), _opt),
     **{t: (("model.layers", "layers"), _rotary) for t in ROTARY_MODEL_TYPES},
 }

@@ -9,7 +9,7 @@ and why it is needed:
 * **Attention forward signatures** (``inspect.signature`` of the replaced module's ``forward``): the replacement
   accepts the same call, so its positional parameter names are recorded (:func:`positional_arg_names`), and the
   keyword that carries the cache is resolved once, at ``convert()`` time (:func:`resolve_cache_keyword`).
-  transformers 5.0-5.23 call it ``past_key_values``, 5.24 ``cache`` (:data:`CACHE_KEYWORDS`); a cache-like
+  transformers 5.9-5.23 call it ``past_key_values``, 5.24 ``cache`` (:data:`CACHE_KEYWORDS`); a cache-like
   parameter with another name, or a causal module with none, is refused with :class:`CacheKeywordError`.
 * **Cache objects** (``transformers.cache_utils``: ``Cache``, ``DynamicLayer``, ``EncoderDecoderCache``; a
   cache's ``layers`` list and ``layer_class_to_replicate``): a converted causal layer keeps its state in its own
@@ -50,7 +50,7 @@ from typing import Any
 
 from torch import nn
 
-TRANSFORMERS_MIN: tuple[int, int] = (5, 0)  # the oldest supported release
+TRANSFORMERS_MIN: tuple[int, int] = (5, 9)  # the oldest supported release (5.0 to 5.8 fail the tests)
 TRANSFORMERS_BELOW: tuple[int, int] = (5, 25)  # the first release not tested (the tested one is 5.24)
 TRANSFORMERS_RANGE = f">={TRANSFORMERS_MIN[0]}.{TRANSFORMERS_MIN[1]},<{TRANSFORMERS_BELOW[0]}.{TRANSFORMERS_BELOW[1]}"
 
@@ -168,7 +168,7 @@ from transformers.masking_utils import (  # noqa: E402
 )
 
 # ------------------------------------------------------------------------------------------ forward signatures
-CACHE_KEYWORDS: tuple[str, ...] = ("cache", "past_key_values")  # transformers >= 5.24; 5.0-5.23
+CACHE_KEYWORDS: tuple[str, ...] = ("cache", "past_key_values")  # transformers >= 5.24; 5.9-5.23
 NOT_CACHE_PARAMETERS = frozenset({"cache_position", "use_cache"})  # cache-sounding names that carry no cache
 _CACHE_LIKE = re.compile(r"(^|_)(cache|past|kv)(_|$)")
 
