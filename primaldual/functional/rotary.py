@@ -9,6 +9,9 @@ channel ``j`` and channel ``j + D/2`` form one rotating pair, and the tables hol
 so ``(cos, sin)`` from a transformers model's rotary module (the ``position_embeddings`` its attention receives)
 can be passed as they are, and :func:`rope_tables` builds the plain (unscaled) tables from positions.
 
+**Partial rotary** (GPT-NeoX / Pythia, Phi-4-mini, StableLM): tables of width ``R < D`` rotate a head's first ``R``
+channels (pairs ``j``, ``j + R/2``) and leave the other ``D - R`` as they are, as those models do.
+
 Written by hand: three lines of arithmetic; the core layers import nothing but torch.
 """
 
@@ -28,8 +31,13 @@ def rotate_half(x: Tensor) -> Tensor:
 
 def apply_rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
     """Rotate queries and keys ``(B, H, N, D)`` by the tables ``cos``, ``sin`` (broadcast to them, e.g.
-    ``(B, 1, N, D)`` from :func:`check_rope`)."""
+    ``(B, 1, N, R)`` from :func:`check_rope`; ``R < D``: the first ``R`` channels only)."""
     cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+    r = cos.shape[-1]
+    if r < q.shape[-1]:  # partial rotary: the channels past R pass through
+        (qr, q_pass), (kr, k_pass) = q.split((r, q.shape[-1] - r), -1), k.split((r, k.shape[-1] - r), -1)
+        qr, kr = apply_rope(qr, kr, cos, sin)
+        return torch.cat((qr, q_pass), -1), torch.cat((kr, k_pass), -1)
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
 
@@ -55,24 +63,21 @@ def check_rope(
 ) -> tuple[Tensor, Tensor]:
     """Validate ``rope = (cos, sin)`` for ``batch`` sequences of ``n`` tokens and heads of width ``head_dim``.
 
-    Each table is ``(n, D)`` or ``(B, n, D)`` with B equal to ``batch`` or 1, floating point and on ``device``
-    (their values are not scanned: that would synchronise a GPU in every layer). Returns both as
-    ``(B or 1, 1, n, D)`` (broadcast over the heads).
+    Each table is ``(n, R)`` or ``(B, n, R)`` with B equal to ``batch`` or 1, floating point and on ``device``
+    (their values are not scanned: that would synchronise a GPU in every layer); ``R`` is ``head_dim``, or an even
+    width below it for partial rotary. Returns both as ``(B or 1, 1, n, R)`` (broadcast over the heads).
     """
     if not isinstance(rope, (tuple, list)) or len(rope) != 2 or not all(isinstance(t, Tensor) for t in rope):
         raise ValueError(f"{name} must be a (cos, sin) pair of tensors, got {type(rope).__name__}")
     cos, sin = rope
-    if head_dim % 2:
-        raise ValueError(f"{name}: rotary embeddings need an even head width, this layer's is {head_dim}")
     if cos.shape != sin.shape:
         raise ValueError(f"{name}: cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
     shape = tuple(cos.shape)
-    ok = (cos.dim() == 2 and shape == (n, head_dim)) or (
-        cos.dim() == 3 and shape[0] in (1, batch) and shape[1:] == (n, head_dim)
-    )
-    if not ok:
+    ok = (cos.dim() == 2 and shape[0] == n) or (cos.dim() == 3 and shape[0] in (1, batch) and shape[1] == n)
+    if not ok or not (2 <= shape[-1] <= head_dim and shape[-1] % 2 == 0):
         raise ValueError(
-            f"{name}: cos and sin must have shape ({n}, {head_dim}) or ({batch}, {n}, {head_dim}), got {shape}"
+            f"{name}: cos and sin must have shape ({n}, R) or ({batch}, {n}, R), R = {head_dim} (the head width) or "
+            f"an even width below it (partial rotary), got {shape}"
         )
     for label, t in (("cos", cos), ("sin", sin)):
         if not t.is_floating_point():
@@ -80,5 +85,5 @@ def check_rope(
         if t.device != device:
             raise ValueError(f"{name}: {label} is on {t.device}, the input on {device}")
     if cos.dim() == 2:
-        return cos[None, None], sin[None, None]  # (1, 1, n, D)
-    return cos[:, None], sin[:, None]  # (B, 1, n, D)
+        return cos[None, None], sin[None, None]  # (1, 1, n, R)
+    return cos[:, None], sin[:, None]  # (B, 1, n, R)

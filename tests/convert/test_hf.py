@@ -88,11 +88,14 @@ def test_gpt2_converts_the_same_way():
     torch.testing.assert_close(_logits(model, ids), _logits(teacher, ids), rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["qwen2", "phi3", "smollm3", "opt", "qwen3", "olmo2", "gemma3_text"])
+@pytest.mark.parametrize(
+    "name", ["qwen2", "phi3", "smollm3", "opt", "qwen3", "olmo2", "gemma3_text", "gpt_neox", "phi"]
+)
 def test_llama_layout_types_convert_with_the_initialisation(name):
     """Qwen2 (q / k / v biases), Phi-3 (the fused qkv_proj), SmolLM3 (a NoPE layer), OPT (no rotary tables at
-    all), Qwen3 and Gemma 3 (query / key norms per head) and OLMo 2 (over all heads): the covering-window hybrid,
-    initialised from the teacher, gives its logits, and stage 1 starts at zero loss."""
+    all), Qwen3 and Gemma 3 (query / key norms per head), OLMo 2 (over all heads), GPT-NeoX and Phi-2 (partial
+    rotary): the covering-window hybrid, initialised from the teacher, gives its logits, and stage 1 starts at zero
+    loss."""
     teacher = tiny(name)
     model, _ = convert_hf(teacher, "hybrid", "all", batches=_batches(), window=64, sinks=1, s=4)
     ids = next(_batches(5))[0]

@@ -70,9 +70,14 @@ def test_matches_transformers_llama_rotary():
         ((torch.ones(4, 8), torch.ones(4, 6)), "cos and sin must have the same shape"),
         (
             (torch.ones(5, 8), torch.ones(5, 8)),
-            "cos and sin must have shape \\(4, 8\\) or \\(2, 4, 8\\), got \\(5, 8\\)",
+            "cos and sin must have shape \\(4, R\\) or \\(2, 4, R\\), R = 8 .* got \\(5, 8\\)",
         ),
-        ((torch.ones(3, 4, 8), torch.ones(3, 4, 8)), "cos and sin must have shape \\(4, 8\\) or \\(2, 4, 8\\)"),
+        ((torch.ones(3, 4, 8), torch.ones(3, 4, 8)), "cos and sin must have shape \\(4, R\\) or \\(2, 4, R\\)"),
+        ((torch.ones(4, 10), torch.ones(4, 10)), "cos and sin .* R = 8 \\(the head width\\) or an even width below it"),
+        (
+            (torch.ones(4, 5), torch.ones(4, 5)),
+            "cos and sin .* an even width below it \\(partial rotary\\), got \\(4, 5\\)",
+        ),
         ((torch.ones(4, 8, dtype=torch.long), torch.ones(4, 8, dtype=torch.long)), "cos must be floating point"),
     ],
 )
@@ -82,9 +87,24 @@ def test_bad_tables_are_named(rope, match):
 
 
 def test_odd_head_width_and_bad_positions_are_refused():
-    with pytest.raises(ValueError, match="even head width"):
+    with pytest.raises(ValueError, match="an even width"):
         check_rope((torch.ones(4, 7), torch.ones(4, 7)), 2, 4, 7, torch.device("cpu"))
     with pytest.raises(ValueError, match="positions must be an integer tensor"):
         rope_tables(torch.arange(4.0), 8)
     with pytest.raises(ValueError, match="head_dim must be an even integer"):
         rope_tables(torch.arange(4), 7)
+
+
+def test_partial_tables_rotate_the_first_channels_and_pass_the_rest():
+    """Tables of width R < D (GPT-NeoX, Phi-4-mini): the first R channels turn as a head of width R would, the
+    others are unchanged; equal to transformers' GPT-NeoX rotation."""
+    torch.manual_seed(2)
+    q, k = torch.randn(2, 3, 5, 8, dtype=torch.float64), torch.randn(2, 3, 5, 8, dtype=torch.float64)
+    cos, sin = rope_tables(torch.arange(5), 4, dtype=torch.float64)
+    qr, kr = apply_rope(q, k, *check_rope((cos, sin), 2, 5, 8, q.device))
+    fq, fk = apply_rope(q[..., :4], k[..., :4], cos[None, None], sin[None, None])
+    assert torch.equal(qr[..., 4:], q[..., 4:]) and torch.equal(kr[..., 4:], k[..., 4:])
+    assert rel_err(qr[..., :4], fq) < 1e-15 and rel_err(kr[..., :4], fk) < 1e-15
+    neox = pytest.importorskip("transformers.models.gpt_neox.modeling_gpt_neox")
+    ref_q, ref_k = neox.apply_rotary_pos_emb(q, k, cos[None], sin[None])
+    assert rel_err(qr, ref_q) < 1e-15 and rel_err(kr, ref_k) < 1e-15

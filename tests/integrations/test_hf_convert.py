@@ -222,13 +222,9 @@ def test_save_pretrained_from_pretrained_round_trip(tmp_path, name, mech, opts):
 # ------------------------------------------------------------------------------------------ bad input
 def test_bad_input_gives_one_clear_error():
     tr = pytest.importorskip("transformers")
-    neox = tr.GPTNeoXForCausalLM(
-        tr.GPTNeoXConfig(
-            hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=10
-        )
-    )
-    with pytest.raises(ValueError, match="unsupported architecture: model type 'gpt_neox'"):
-        hf.convert(neox, "primal")
+    bloom = tr.BloomForCausalLM(tr.BloomConfig(hidden_size=16, n_layer=1, n_head=2, vocab_size=10))  # ALiBi
+    with pytest.raises(ValueError, match="unsupported architecture: model type 'bloom'"):
+        hf.convert(bloom, "primal")
     with pytest.raises(TypeError, match="PreTrainedModel"):
         hf.convert(torch.nn.Linear(2, 2), "primal")
     gpt = tiny("gpt2")

@@ -1,6 +1,7 @@
 """primaldual.integrations.hf.convert on Llama and the model types of its layout (Mistral, Qwen2, Gemma, Granite,
-OLMo, SmolLM3, Phi-3, and with query / key norms Qwen3, Qwen3-MoE, OLMo 2 and 3, Gemma 3): grouped K / V heads,
-rotary embeddings, query / key norms, the cache, save and load, and what is refused."""
+OLMo, SmolLM3, Phi-3; with query / key norms Qwen3, Qwen3-MoE, OLMo 2 and 3, Gemma 3; with partial rotary StableLM,
+Phi-2), GPT-NeoX and OPT: grouped K / V heads, rotary embeddings, query / key norms, the cache, save and load, and
+what is refused."""
 
 from __future__ import annotations
 
@@ -177,7 +178,7 @@ def test_nope_layers_take_no_rotary_tables():
          r"layer 1: sliding-window attention"),
         ("olmo", {"clip_qkv": 8.0}, "all", r"layer 0: clamped projections \(clip_qkv=8.0\)"),
         ("gemma", {"use_bidirectional_attention": True}, "all", "layer 0: a bidirectional decoder"),
-        ("phi3", {"partial_rotary_factor": 0.5}, "all", r"layer 0: partial rotary embeddings \(partial_rotary_factor=0.5\)"),
+        ("phi", {"qk_layernorm": True}, "all", r"layer 0: LayerNorms on queries / keys \(qk_layernorm\)"),
         ("gemma3_text", {"attn_logit_softcapping": 50.0}, "all", r"layer 0: soft-capped attention logits"),
         ("olmo3", {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4}, (0,),
          r"layer 0: sliding-window attention"),
@@ -278,6 +279,23 @@ def test_the_users_scale_replaces_the_models():
     assert conv.model.layers[0].self_attn.attn.scale == 0.05
     ids, mask = _left_padded()
     assert (_logits(conv, ids, mask) - _logits(model, ids, mask)).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("name,overrides", [("gpt_neox", {}), ("gpt_neox", {"attention_bias": False}),
+                                            ("phi3", {"partial_rotary_factor": 0.5})])  # fmt: skip
+def test_partial_rotary_converts_faithfully(name, overrides):
+    """GPT-NeoX / Pythia (per-head fused q / k / v, a quarter of each head rotated, the cache as layer_past) and
+    Phi-4-mini's partial rotary: softmax gives the original's logits and greedy generation with the cache; a primal
+    last layer decodes with its state."""
+    model = tiny(name, **overrides)
+    ids, mask = _left_padded()
+    conv = hf.convert(copy.deepcopy(model), "softmax", "all")
+    torch.testing.assert_close(_logits(conv, ids, mask), _logits(model, ids, mask), rtol=0, atol=1e-5)
+    kw = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=1)
+    assert torch.equal(conv.generate(ids, **kw), model.generate(ids, **kw))
+    with pytest.warns(UserWarning, match="takes no rotary position embeddings"):
+        conv = hf.convert(copy.deepcopy(model), "primal", (-1,), s=4)
+    assert torch.equal(conv.generate(ids, **kw), _greedy(conv, ids, mask, 4))
 
 
 def test_opt_converts_faithfully():

@@ -48,6 +48,10 @@ def tiny(name: str, **overrides):
         kw = dict(state_dim=3, act_dim=2, hidden_size=32, n_layer=2, n_head=2, max_ep_len=20, n_positions=64)
         cfg = tr.DecisionTransformerConfig(**{**kw, **overrides})
         return tr.DecisionTransformerModel(cfg).eval()
+    if name == "gpt_neox":  # Pythia's layout: per-head fused q / k / v, partial rotary (a quarter of each head)
+        kw = dict(hidden_size=32, num_attention_heads=4, intermediate_size=64, vocab_size=50, num_hidden_layers=2)
+        kw.update(max_position_embeddings=64, pad_token_id=1, bos_token_id=0, eos_token_id=0, rotary_pct=0.25)
+        return tr.GPTNeoXForCausalLM(tr.GPTNeoXConfig(**{**kw, **overrides})).eval()
     if name == "opt":
         kw = dict(hidden_size=32, num_attention_heads=4, ffn_dim=64, vocab_size=50, num_hidden_layers=2)
         cfg = tr.OPTConfig(**{**kw, "max_position_embeddings": 64, "word_embed_proj_dim": 32, "pad_token_id": 1,
@@ -69,6 +73,8 @@ def tiny(name: str, **overrides):
             kw["layer_types"] = ["full_attention"] * 2  # (by default some layers use a sliding window)
         if name == "qwen3_moe":
             kw.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
+        if name in ("stablelm", "phi"):
+            kw["partial_rotary_factor"] = 0.5  # (StableLM's default 0.25 would rotate one pair of 8 channels)
         cfg = getattr(tr, f"{prefix}Config")(**{**kw, **overrides})
         model = getattr(tr, f"{prefix.removesuffix('Text')}ForCausalLM")(cfg).eval()
         with torch.no_grad():  # query / key gains away from their initial 1 (Gemma: 0), so that one left out shows
@@ -104,6 +110,9 @@ ROTARY = {
     "olmo2": "Olmo2",
     "olmo3": "Olmo3",
     "gemma3_text": "Gemma3Text",
+    # partial rotary: half of each head's channels rotate
+    "stablelm": "StableLm",
+    "phi": "Phi",
 }
 #: the types among :data:`ROTARY` whose attention normalises queries and keys
 QK_NORMED = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text")

@@ -29,6 +29,10 @@ model type                 blocks                  replaced module              
 ``olmo2``, ``olmo3``,                                                           and k (:func:`_qk_norm`): per head
 ``gemma3_text``                                                                 (Qwen3, Gemma 3) or over all heads
                                                                                 (OLMo 2 and 3)
+``stablelm``, ``phi``      ``model.layers``        ``layer.self_attn``          as Llama, partial rotary (Phi-2:
+                                                                                ``dense`` out)
+``gpt_neox``               ``gpt_neox.layers``     ``layer.attention``          fused ``query_key_value``, rows
+                                                                                ``[q; k; v]`` per head; ``dense``
 =========================  ======================  ===========================  ==================================
 
 Llama's attention (and that of each type of its layout) receives its rotary tables from the decoder layer
@@ -238,17 +242,16 @@ def _repeat_heads(proj: Projection, kv_heads: int, heads: int, head_dim: int, na
 
 
 def _rotary_layout(attn: nn.Module) -> str | None:
-    """Why a Llama-layout attention cannot be reproduced by a converted layer, or None: projections clamped, rotated
-    in part, soft-capped logits, or a sliding window (the converted layers attend to the whole prefix)."""
+    """Why a Llama-layout attention cannot be reproduced by a converted layer, or None: projections clamped,
+    LayerNorms on queries and keys, soft-capped logits, or a sliding window (the converted layers attend to the whole
+    prefix)."""
     cfg = attn.config
     if not getattr(attn, "is_causal", True):
         return "a bidirectional decoder (is_causal False: use_bidirectional_attention) is not supported"
     if getattr(cfg, "clip_qkv", None) is not None:
         return f"clamped projections (clip_qkv={cfg.clip_qkv}) are not supported"
-    rope = getattr(cfg, "rope_parameters", None)
-    part = rope.get("partial_rotary_factor", 1.0) if isinstance(rope, dict) else 1.0
-    if getattr(attn, "use_rope", True) and part != 1.0:
-        return f"partial rotary embeddings (partial_rotary_factor={part}) are not supported"
+    if any(getattr(attn, n, None) is not None for n in ("q_layernorm", "k_layernorm")):
+        return "LayerNorms on queries / keys (qk_layernorm) are not supported (RMS norms, q_norm / k_norm, are)"
     if (cap := getattr(cfg, "attn_logit_softcapping", None)) is not None:
         return f"soft-capped attention logits (attn_logit_softcapping={cap}) are not supported"
     # the layer's own window where it keeps one (Qwen2, SmolLM3: None on full-attention layers), else the model's
@@ -324,10 +327,11 @@ def _qk_norm(attn: nn.Module, heads: int, kv_heads: int, head_dim: int) -> QKNor
 
 def _rotary(block: nn.Module) -> Site:
     """The Llama layout: ``self_attn`` with ``q_proj/k_proj/v_proj/o_proj`` (Phi-3: one fused ``qkv_proj``, rows
-    ``[q; k; v]``), grouped K / V heads, rotary tables from the decoder layer, the logit scale ``attn.scaling``
-    (Granite's is its own)."""
+    ``[q; k; v]``; Phi-2: ``dense`` for ``o_proj``), grouped K / V heads, rotary tables from the decoder layer (of the
+    rotated width only, for partial rotary), the logit scale ``attn.scaling`` (Granite's is its own)."""
     attn = getattr(block, "self_attn", None)
-    names = ("qkv_proj", "o_proj") if hasattr(attn, "qkv_proj") else ("q_proj", "k_proj", "v_proj", "o_proj")
+    out = "dense" if hasattr(attn, "dense") and not hasattr(attn, "o_proj") else "o_proj"  # Phi-2: dense
+    names = ("qkv_proj", out) if hasattr(attn, "qkv_proj") else ("q_proj", "k_proj", "v_proj", out)
     if attn is None or not all(hasattr(attn, n) for n in names):
         raise LayoutError(f"expected a decoder layer with self_attn.{'/'.join(names)}")
     if (reason := _rotary_layout(attn)) is not None:
@@ -350,7 +354,7 @@ def _rotary(block: nn.Module) -> Site:
         q=q,
         k=_repeat_heads(k, kv_heads, heads, head_dim, "k_proj"),
         v=_repeat_heads(v, kv_heads, heads, head_dim, "v_proj"),
-        out=_linear(attn.o_proj),
+        out=_linear(getattr(attn, out)),
         num_heads=heads,
         causal=True,
         scale=float(attn.scaling),
@@ -359,6 +363,36 @@ def _rotary(block: nn.Module) -> Site:
         layer_idx=attn.layer_idx,
         rope=bool(getattr(attn, "use_rope", True)),  # SmolLM3's NoPE layers take no tables
         qk_norm=_qk_norm(attn, heads, kv_heads, head_dim),
+    )
+
+
+def _gpt_neox(block: nn.Module) -> Site:
+    """GPT-NeoX (Pythia): ``attention`` with one fused ``query_key_value`` whose rows are per head ``[q; k; v]``
+    (``(H, 3, D)``), ``dense`` out, partial rotary tables from the model, the cache as ``layer_past``."""
+    attn = getattr(block, "attention", None)
+    if attn is None or not all(hasattr(attn, n) for n in ("query_key_value", "dense")):
+        raise LayoutError("expected a GPT-NeoX layer with attention.query_key_value and attention.dense")
+    heads, head_dim = attn.config.num_attention_heads, attn.head_size
+    w, b = _linear(attn.query_key_value)  # (3C, C): rows per head [q; k; v]
+    if w.shape[0] != 3 * heads * head_dim:
+        raise LayoutError(f"query_key_value has {w.shape[0]} outputs, expected 3 x {heads} heads x {head_dim}")
+    ws = w.view(heads, 3, head_dim, -1).unbind(1)  # 3 x (H, D, C)
+    bs = b.view(heads, 3, head_dim).unbind(1) if b is not None else (None,) * 3  # 3 x (H, D)
+    q, k, v = ((wi.reshape(heads * head_dim, -1), None if bi is None else bi.reshape(-1)) for wi, bi in zip(ws, bs))
+    return Site(
+        attr="attention",
+        module=attn,
+        q=q,
+        k=k,
+        v=v,
+        out=_linear(attn.dense),
+        num_heads=heads,
+        causal=True,
+        scale=float(attn.scaling),
+        attn_drop=float(attn.attention_dropout),
+        proj_drop=0.0,  # the layer drops after the module
+        layer_idx=attn.layer_idx,
+        rope=True,
     )
 
 
@@ -388,6 +422,7 @@ def _opt(block: nn.Module) -> Site:
 ROTARY_MODEL_TYPES = (
     *("llama", "mistral", "qwen2", "gemma", "granite", "olmo", "smollm3", "phi3"),
     *("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text"),  # with query / key norms
+    *("stablelm", "phi"),  # partial rotary
 )
 _FAMILIES: dict[str, tuple[tuple[str, ...], Callable[[nn.Module], Site]]] = {
     "gpt2": (("transformer.h", "h"), _gpt2),
@@ -402,6 +437,7 @@ _FAMILIES: dict[str, tuple[tuple[str, ...], Callable[[nn.Module], Site]]] = {
     "deit": (("deit.layers", "layers", "deit.encoder.layer", "encoder.layer"), _vit),
     "dinov2": (("dinov2.encoder.layer", "encoder.layer"), _dinov2),
     "opt": (("model.decoder.layers", "decoder.layers"), _opt),
+    "gpt_neox": (("gpt_neox.layers", "layers"), _gpt_neox),
     **{t: (("model.layers", "layers"), _rotary) for t in ROTARY_MODEL_TYPES},
 }
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_FAMILIES))

@@ -9,8 +9,9 @@ and why it is needed:
 * **Attention forward signatures** (``inspect.signature`` of the replaced module's ``forward``): the replacement
   accepts the same call, so its positional parameter names are recorded (:func:`positional_arg_names`), and the
   keyword that carries the cache is resolved once, at ``convert()`` time (:func:`resolve_cache_keyword`).
-  transformers 5.9-5.23 call it ``past_key_values``, 5.24 ``cache`` (:data:`CACHE_KEYWORDS`); a cache-like
-  parameter with another name, or a causal module with none, is refused with :class:`CacheKeywordError`.
+  transformers 5.9-5.23 call it ``past_key_values``, 5.24 ``cache``, GPT-NeoX ``layer_past``
+  (:data:`CACHE_KEYWORDS`); a cache-like parameter with another name, or a causal module with none, is refused
+  with :class:`CacheKeywordError`.
 * **Cache objects** (``transformers.cache_utils``: ``Cache``, ``DynamicLayer``, ``EncoderDecoderCache``; a
   cache's ``layers`` list and ``layer_class_to_replicate``): a converted causal layer keeps its state in its own
   entry of the model's cache (:func:`self_attention_cache`, :func:`cache_entry`, :func:`set_cache_entry`).
@@ -168,7 +169,7 @@ from transformers.masking_utils import (  # noqa: E402
 )
 
 # ------------------------------------------------------------------------------------------ forward signatures
-CACHE_KEYWORDS: tuple[str, ...] = ("cache", "past_key_values")  # transformers >= 5.24; 5.9-5.23
+CACHE_KEYWORDS: tuple[str, ...] = ("cache", "past_key_values", "layer_past")  # >= 5.24; 5.9-5.23; GPT-NeoX
 NOT_CACHE_PARAMETERS = frozenset({"cache_position", "use_cache"})  # cache-sounding names that carry no cache
 _CACHE_LIKE = re.compile(r"(^|_)(cache|past|kv)(_|$)")
 

@@ -226,10 +226,11 @@ def test_a_stage_1_killed_mid_way_continues_to_the_uninterrupted_result(teacher,
     assert not (killed / "convert" / "stage1.partial.pt").exists()
 
 
-@pytest.mark.parametrize("name", ["phi3", "opt", "qwen3"])
+@pytest.mark.parametrize("name", ["phi3", "opt", "qwen3", "gpt_neox"])
 def test_other_saved_model_types_convert_end_to_end(teacher, tmp_path, capsys, name):
-    """`primaldual convert DIR` on a saved Phi-3 (Llama's layout, one fused qkv_proj), OPT and Qwen3 (query / key
-    norms): both stages, the saved model reloads converted and evaluates to the summary's figure."""
+    """`primaldual convert DIR` on a saved Phi-3 (Llama's layout, one fused qkv_proj), OPT, Qwen3 (query / key
+    norms) and GPT-NeoX (partial rotary): both stages, the saved model reloads converted and evaluates to the
+    summary's figure."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from primaldual.integrations.hf import converted_layers, from_pretrained
