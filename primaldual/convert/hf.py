@@ -1,5 +1,6 @@
-"""Converting a trained Hugging Face causal LM (GPT-2, Llama): the students of :mod:`primaldual.convert` put in place
-by :func:`primaldual.integrations.hf.convert`, initialised from the teacher and trained by the same stage 1.
+"""Converting a trained Hugging Face causal LM (Llama and its layout, GPT-NeoX, GPT-2, OPT): the students of
+:mod:`primaldual.convert` put in place by :func:`primaldual.integrations.hf.convert`, initialised from the teacher and
+trained by the same stage 1.
 
 :func:`convert_hf` is :func:`primaldual.convert.convert` for a transformers model: a converted copy (the teacher is
 left unchanged), the KSVD and least-squares initialisation on a calibration batch, then teacher-forced attention
@@ -139,7 +140,7 @@ def convert_hf(
     """A converted copy of the transformers causal LM ``teacher`` (left unchanged): swap, initialisation, stage 1.
 
     Args:
-        teacher: a causal transformers model that :func:`primaldual.integrations.hf.convert` supports (GPT-2, Llama).
+        teacher: a causal transformers model of a type :func:`primaldual.integrations.hf.convert` supports.
         student, layers, steps, init, lr, options: as :func:`primaldual.convert.convert`.
         batches: ``(input_ids (B, N), attention_mask (B, N) or None)`` batches of the teacher's data; the first
             calibrates the initialisation, the next ``steps`` train stage 1.

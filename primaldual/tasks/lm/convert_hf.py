@@ -1,4 +1,5 @@
-"""``primaldual convert`` for a Hugging Face causal LM (Llama, GPT-2): both stages, a run directory, resume.
+"""``primaldual convert`` for a Hugging Face causal LM (Llama and its layout, GPT-NeoX, GPT-2, OPT): both stages, a
+run directory, resume.
 
 The teacher is a ``save_pretrained`` directory, a ``.gguf`` file (transformers' GGUF reader; ``pip install
 'primaldual[llama]'``) or ``smollm2`` (the model ``primaldual data fetch smollm2`` caches). The conversion config is
