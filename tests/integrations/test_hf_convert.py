@@ -1,5 +1,6 @@
 """primaldual.integrations.hf.convert: module swaps in GPT-2, the BERT-like encoders (BERT, RoBERTa, XLM-RoBERTa,
-CamemBERT, ELECTRA, DistilBERT), the ViT-like ones (ViT, DeiT, DINOv2) and the Decision Transformer."""
+CamemBERT, ELECTRA, DistilBERT), the ViT-like ones (ViT, DeiT, DINOv2), CLIP's and SigLIP's towers and the Decision
+Transformer."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ EXACT = [("softmax", {}), ("sparse", {"window": 64})]  # a window covering the s
 def _outputs(name: str, model, padded: bool = True) -> torch.Tensor:
     """The model's main output at real positions, for a fixed batch."""
     with torch.no_grad():
-        if name in ("vit", "deit", "dinov2"):
+        if name in ("vit", "deit", "dinov2", "clip_vision", "siglip_vision"):
             return model(torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(3))).last_hidden_state
         if name == "dt":
             inp = dt_inputs(pad_from=3 if padded else None)
@@ -50,6 +51,9 @@ def _outputs(name: str, model, padded: bool = True) -> torch.Tensor:
         ("vit", "sdpa"),
         ("deit", "sdpa"),
         pytest.param("dinov2", "eager", marks=DINOV2_LAYOUT),
+        ("clip_vision", "sdpa"),
+        ("siglip_vision", "eager"),
+        ("siglip_text", "sdpa"),
         ("dt", "eager"),
     ],
 )
@@ -208,6 +212,7 @@ def test_state_dict_round_trip():
         ("vit", "primal", {"s": 4}),
         ("distilbert", "primal", {"s": 4}),
         pytest.param("dinov2", "softmax_bn", {}, marks=DINOV2_LAYOUT),
+        ("siglip_vision", "primal", {"s": 4}),
     ],
 )
 def test_save_pretrained_from_pretrained_round_trip(tmp_path, name, mech, opts):

@@ -44,6 +44,15 @@ def tiny(name: str, **overrides):
         kw.update(num_attention_heads=2, **({"mlp_ratio": 2} if name == "dinov2" else {"intermediate_size": 64}))
         cfg = getattr(tr, f"{prefix}Config")(**{**kw, **overrides})
         return getattr(tr, f"{prefix}Model")(cfg).eval()
+    if name in ("clip_vision", "siglip_vision"):
+        kw = dict(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2)
+        prefix = {"clip_vision": "CLIPVision", "siglip_vision": "SiglipVision"}[name]
+        cfg = getattr(tr, f"{prefix}Config")(**{**kw, "num_attention_heads": 2, "intermediate_size": 64, **overrides})
+        return getattr(tr, f"{prefix}Model")(cfg).eval()
+    if name == "siglip_text":
+        kw = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=50)
+        kw.update(max_position_embeddings=16, pad_token_id=1, bos_token_id=0, eos_token_id=0)
+        return tr.SiglipTextModel(tr.SiglipTextConfig(**{**kw, **overrides})).eval()
     if name == "dt":
         kw = dict(state_dim=3, act_dim=2, hidden_size=32, n_layer=2, n_head=2, max_ep_len=20, n_positions=64)
         cfg = tr.DecisionTransformerConfig(**{**kw, **overrides})

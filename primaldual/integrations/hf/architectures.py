@@ -17,6 +17,9 @@ model type                 blocks                  replaced module              
 ``vit``, ``deit``,         ``<base>.layers``       ``layer.attention``          ``q_proj/k_proj/v_proj/o_proj``
 ``dinov2``                 (DINOv2:
                            ``encoder.layer``)
+``clip_vision_model``,     ``<tower>.encoder       ``layer.self_attn``          ``q_proj/k_proj/v_proj/out_proj``
+``siglip_vision_model``,   .layers``
+``siglip_text_model``
 ``opt``                    ``model.decoder.layers`` ``layer.self_attn``         ``q_proj/k_proj/v_proj/out_proj``
 ``llama``                  ``model.layers``        ``layer.self_attn``          ``q_proj/k_proj/v_proj/o_proj``;
                                                                                 grouped K / V heads repeated to
@@ -224,6 +227,30 @@ def _dinov2(block: nn.Module) -> Site:
             "and later (pip install 'transformers>=5.18')"
         )
     return _vit(block)
+
+
+def _clip(block: nn.Module) -> Site:
+    """CLIP's and SigLIP's encoder towers: ``self_attn`` with ``q_proj/k_proj/v_proj/out_proj``, bidirectional (CLIP's
+    text tower, causal through its mask alone, is not among the supported types)."""
+    attn = getattr(block, "self_attn", None)
+    if attn is None or not all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "out_proj")):
+        raise LayoutError("expected an encoder layer with self_attn.q_proj/k_proj/v_proj/out_proj")
+    if getattr(attn, "is_causal", False):
+        raise LayoutError("a causal CLIP / SigLIP attention is not supported")
+    return Site(
+        attr="self_attn",
+        module=attn,
+        q=_linear(attn.q_proj),
+        k=_linear(attn.k_proj),
+        v=_linear(attn.v_proj),
+        out=_linear(attn.out_proj),
+        num_heads=attn.num_heads,
+        causal=False,
+        scale=float(attn.scale),
+        attn_drop=float(attn.dropout),
+        proj_drop=0.0,
+        layer_idx=None,
+    )
 
 
 def _repeat_heads(proj: Projection, kv_heads: int, heads: int, head_dim: int, name: str) -> Projection:
@@ -436,6 +463,9 @@ _FAMILIES: dict[str, tuple[tuple[str, ...], Callable[[nn.Module], Site]]] = {
     "vit": (("vit.layers", "layers", "vit.encoder.layer", "encoder.layer"), _vit),
     "deit": (("deit.layers", "layers", "deit.encoder.layer", "encoder.layer"), _vit),
     "dinov2": (("dinov2.encoder.layer", "encoder.layer"), _dinov2),
+    "clip_vision_model": (("vision_model.encoder.layers", "encoder.layers"), _clip),
+    "siglip_vision_model": (("vision_model.encoder.layers", "encoder.layers"), _clip),
+    "siglip_text_model": (("text_model.encoder.layers", "encoder.layers"), _clip),
     "opt": (("model.decoder.layers", "decoder.layers"), _opt),
     "gpt_neox": (("gpt_neox.layers", "layers"), _gpt_neox),
     **{t: (("model.layers", "layers"), _rotary) for t in ROTARY_MODEL_TYPES},
