@@ -191,7 +191,8 @@ class AttentionLayer(nn.Module):
         self, x: Tensor, mask: Tensor | None = None, *, need_weights: bool = False, rope: RopeTables | None = None
     ) -> Tensor | tuple[Tensor, Tensor | None]:
         """Args: x ``(B, N, dim)``; mask ``(B, N)`` bool, True = real token; rope: rotary tables ``(cos, sin)``,
-        each ``(N, D)`` or ``(B, N, D)``, applied to the queries and keys (mechanisms with ``capabilities.rope``
+        each ``(N, R)`` or ``(B, N, R)`` with ``R`` the head width ``D`` (or, partial rotary, an even width below
+        it: the first ``R`` channels turn), applied to the queries and keys (mechanisms with ``capabilities.rope``
         only). Returns ``(B, N, dim)``."""
         check_tokens(x, self.dim, "x")
         mask = check_mask(mask, x.shape[0], x.shape[1], x.device, "mask")

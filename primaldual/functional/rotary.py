@@ -76,8 +76,8 @@ def check_rope(
     ok = (cos.dim() == 2 and shape[0] == n) or (cos.dim() == 3 and shape[0] in (1, batch) and shape[1] == n)
     if not ok or not (2 <= shape[-1] <= head_dim and shape[-1] % 2 == 0):
         raise ValueError(
-            f"{name}: cos and sin must have shape ({n}, R) or ({batch}, {n}, R), R = {head_dim} (the head width) or "
-            f"an even width below it (partial rotary), got {shape}"
+            f"{name}: cos and sin must have shape ({n}, R) or ({batch}, {n}, R), R even, {head_dim} (the head width) "
+            f"or below it (partial rotary), got {shape}"
         )
     for label, t in (("cos", cos), ("sin", sin)):
         if not t.is_floating_point():

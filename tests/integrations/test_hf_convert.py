@@ -1,6 +1,6 @@
 """primaldual.integrations.hf.convert: module swaps in GPT-2, the BERT-like encoders (BERT, RoBERTa, XLM-RoBERTa,
-CamemBERT, ELECTRA, DistilBERT), the ViT-like ones (ViT, DeiT, DINOv2), CLIP's and SigLIP's towers and the Decision
-Transformer."""
+CamemBERT, ELECTRA, DistilBERT), the ViT-like ones (ViT, DeiT, DINOv2), CLIP's and SigLIP's vision towers and the
+Decision Transformer."""
 
 from __future__ import annotations
 
@@ -53,7 +53,6 @@ def _outputs(name: str, model, padded: bool = True) -> torch.Tensor:
         pytest.param("dinov2", "eager", marks=DINOV2_LAYOUT),
         ("clip_vision", "sdpa"),
         ("siglip_vision", "eager"),
-        ("siglip_text", "sdpa"),
         ("dt", "eager"),
     ],
 )
@@ -227,8 +226,8 @@ def test_save_pretrained_from_pretrained_round_trip(tmp_path, name, mech, opts):
 # ------------------------------------------------------------------------------------------ bad input
 def test_bad_input_gives_one_clear_error():
     tr = pytest.importorskip("transformers")
-    bloom = tr.BloomForCausalLM(tr.BloomConfig(hidden_size=16, n_layer=1, n_head=2, vocab_size=10))  # ALiBi
-    with pytest.raises(ValueError, match="unsupported architecture: model type 'bloom'"):
+    bloom = tr.BloomForCausalLM(tr.BloomConfig(hidden_size=16, n_layer=1, n_head=2, vocab_size=10))
+    with pytest.raises(ValueError, match="unsupported architecture: model type 'bloom' .*: ALiBi position biases"):
         hf.convert(bloom, "primal")
     with pytest.raises(TypeError, match="PreTrainedModel"):
         hf.convert(torch.nn.Linear(2, 2), "primal")
@@ -294,3 +293,8 @@ def test_an_older_dinov2_layout_is_refused_by_name():
             del block.attention.q_proj
     with pytest.raises(ValueError, match=r"model type 'dinov2', layer 0: .*transformers>=5.18"):
         hf.convert(model, "softmax", (0,))
+
+
+def test_a_siglip_text_tower_is_refused_with_the_reason():
+    with pytest.raises(ValueError, match="'siglip_text_model' .*: it pools its last position"):
+        hf.convert(tiny("siglip_text"), "softmax", "all")

@@ -18,8 +18,7 @@ model type                 blocks                  replaced module              
 ``dinov2``                 (DINOv2:
                            ``encoder.layer``)
 ``clip_vision_model``,     ``<tower>.encoder       ``layer.self_attn``          ``q_proj/k_proj/v_proj/out_proj``
-``siglip_vision_model``,   .layers``
-``siglip_text_model``
+``siglip_vision_model``    .layers``
 ``opt``                    ``model.decoder.layers`` ``layer.self_attn``         ``q_proj/k_proj/v_proj/out_proj``
 ``llama``                  ``model.layers``        ``layer.self_attn``          ``q_proj/k_proj/v_proj/o_proj``;
                                                                                 grouped K / V heads repeated to
@@ -230,8 +229,9 @@ def _dinov2(block: nn.Module) -> Site:
 
 
 def _clip(block: nn.Module) -> Site:
-    """CLIP's and SigLIP's encoder towers: ``self_attn`` with ``q_proj/k_proj/v_proj/out_proj``, bidirectional (CLIP's
-    text tower, causal through its mask alone, is not among the supported types)."""
+    """CLIP's and SigLIP's vision towers: ``self_attn`` with ``q_proj/k_proj/v_proj/out_proj``, bidirectional. The text
+    towers are not supported types: CLIP's is causal through its mask alone, and SigLIP's pools its last position,
+    which is padding in a padded batch, where a converted layer outputs zero."""
     attn = getattr(block, "self_attn", None)
     if attn is None or not all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "out_proj")):
         raise LayoutError("expected an encoder layer with self_attn.q_proj/k_proj/v_proj/out_proj")
@@ -419,7 +419,7 @@ def _gpt_neox(block: nn.Module) -> Site:
         attn_drop=float(attn.attention_dropout),
         proj_drop=0.0,  # the layer drops after the module
         layer_idx=attn.layer_idx,
-        rope=True,
+        rope=attn.rotary_ndims > 0,  # rotary_pct 0: the model rotates nothing (tables of width 0)
     )
 
 
@@ -465,7 +465,6 @@ _FAMILIES: dict[str, tuple[tuple[str, ...], Callable[[nn.Module], Site]]] = {
     "dinov2": (("dinov2.encoder.layer", "encoder.layer"), _dinov2),
     "clip_vision_model": (("vision_model.encoder.layers", "encoder.layers"), _clip),
     "siglip_vision_model": (("vision_model.encoder.layers", "encoder.layers"), _clip),
-    "siglip_text_model": (("text_model.encoder.layers", "encoder.layers"), _clip),
     "opt": (("model.decoder.layers", "decoder.layers"), _opt),
     "gpt_neox": (("gpt_neox.layers", "layers"), _gpt_neox),
     **{t: (("model.layers", "layers"), _rotary) for t in ROTARY_MODEL_TYPES},
@@ -473,11 +472,25 @@ _FAMILIES: dict[str, tuple[tuple[str, ...], Callable[[nn.Module], Site]]] = {
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_FAMILIES))
 
 
+#: why some well-known model types are not supported (said in the error)
+_NOT_SUPPORTED = {
+    "bloom": "ALiBi position biases have no primaldual equivalent",
+    "mpt": "ALiBi position biases have no primaldual equivalent",
+    "t5": "relative position biases have no primaldual equivalent",
+    "deberta": "disentangled relative-position attention has no primaldual equivalent",
+    "deberta-v2": "disentangled relative-position attention has no primaldual equivalent",
+    "gemma2": "soft-capped attention logits are not supported",
+    "clip_text_model": "its attention is causal through the mask alone",
+    "siglip_text_model": "it pools its last position, padding in a padded batch, where a converted layer outputs 0",
+}
+
+
 def _model_type(model: nn.Module) -> str:
     model_type = model_type_of(model)
     if model_type not in _FAMILIES:
+        why = f": {_NOT_SUPPORTED[model_type]}" if model_type in _NOT_SUPPORTED else ""
         raise ValueError(
-            f"unsupported architecture: model type {model_type!r} ({type(model).__name__}); "
+            f"unsupported architecture: model type {model_type!r} ({type(model).__name__}){why}; "
             f"primaldual.integrations.hf.convert supports {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
     return model_type

@@ -61,8 +61,8 @@ def convert(
 
     Args:
         model: a transformers model of a type in :data:`~primaldual.integrations.hf.SUPPORTED_MODEL_TYPES` (gpt2,
-            opt, the BERT-like and ViT-like encoders, decision_transformer, llama and the types of its layout; any
-            head).
+            opt, gpt_neox, the BERT-like and ViT-like encoders, CLIP's and SigLIP's vision towers,
+            decision_transformer, llama and the types of its layout; any head).
         attention: a registered mechanism (``primaldual.list_attentions()``).
         layers: block indices (negative from the end) or ``"all"``.
         options: mechanism options (``s=``, ``n=``, ``eta=`` for primal, ``window=`` for sparse, ...). By default

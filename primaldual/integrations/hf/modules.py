@@ -5,7 +5,7 @@ copied from the original) and accepts the forward signature of the module it rep
 names are recorded at conversion, so ``GPT2Attention(hidden_states, cache, attention_mask, ...)``,
 ``BertAttention(hidden_states, attention_mask, encoder_hidden_states, ...)`` and ``ViTAttention(hidden_states,
 attention_mask)`` calls all bind the same way. The keyword that carries the cache (``cache`` from transformers 5.24,
-``past_key_values`` before) is resolved from that signature at conversion too
+``past_key_values`` before, ``layer_past`` for GPT-NeoX) is resolved from that signature at conversion too
 (:func:`~primaldual.integrations.hf.compat.resolve_cache_keyword`) and is the only one read; another known cache
 keyword in a call is an error, never ignored. It returns ``(hidden_states, attention_weights or None)``, as those
 modules do in transformers 5.
