@@ -24,13 +24,27 @@ class SoftmaxAttention(QKVAttention):
     Args:
         backend: ``"auto"`` (SDPA unless weights are requested), ``"sdpa"`` or ``"eager"``.
         scale: logit scale (default ``1 / sqrt(head_dim)``).
+        softcap: None, or a cap ``c > 0`` on the scaled logits, ``s -> c * tanh(s / c)`` (Gemma 2); a capped layer
+            computes the explicit matrix (SDPA has no cap), so ``backend`` must be ``"auto"`` or ``"eager"``.
         Remaining arguments as :class:`~primaldual.attention.base.AttentionLayer`.
     """
 
-    def __init__(self, dim: int, num_heads: int, *, backend: str = "auto", scale: float | None = None, **kw) -> None:
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        backend: str = "auto",
+        scale: float | None = None,
+        softcap: float | None = None,
+        **kw,
+    ) -> None:
         super().__init__(dim, num_heads, **kw)
         self.backend = check_choice("backend", backend, ("auto", "sdpa", "eager"))
         self.scale = check_number("scale", scale, allow_none=True)
+        self.softcap = check_number("softcap", softcap, low=0, low_open=True, allow_none=True)
+        if softcap is not None and backend == "sdpa":
+            raise ValueError("softcap: SDPA cannot cap the logits; use backend 'auto' or 'eager' with it")
 
     def init_state(
         self, batch: int, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
@@ -46,7 +60,9 @@ class SoftmaxAttention(QKVAttention):
         x_t, mask_t = self._check_step(x_t, mask_t, state)
         q, k, v = self._qkv_step(x_t, self._check_step_rope(rope, x_t))  # (B, H, 1, D) each
         cache = state.append(k, v, mask_t)
-        out, _ = softmax_attention(q, cache.k, cache.v, key_mask=cache.mask, scale=self.scale)  # (B, H, 1, D)
+        out, _ = softmax_attention(
+            q, cache.k, cache.v, key_mask=cache.mask, scale=self.scale, softcap=self.softcap
+        )  # (B, H, 1, D)
         return self._out_step(out, mask_t), cache
 
     def _prefill(self, x: Tensor, mask: Tensor | None, rope: RopeTables | None = None) -> tuple[Tensor, KVCache]:
@@ -64,4 +80,5 @@ class SoftmaxAttention(QKVAttention):
             dropout_p=self.attn_drop if self.training else 0.0,
             need_weights=need_weights,
             backend="auto" if need_weights else self.backend,
+            softcap=self.softcap,
         )

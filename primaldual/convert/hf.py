@@ -118,6 +118,7 @@ def hf_teacher_layer(teacher: nn.Module, index: int) -> AttentionLayer:
         causal=True,
         scale=site.scale,
         qk_norm=site.qk_norm,
+        softcap=site.softcap,
     )
     return layer.eval()
 

@@ -93,6 +93,14 @@ def student_layer(teacher: QKVAttention, student: str, **options: Any) -> Attent
     def part(i: int) -> tuple[Tensor, Tensor | None]:
         return w[i * inner : (i + 1) * inner], None if b is None else b[i * inner : (i + 1) * inner]
 
+    cap = getattr(teacher, "softcap", None)
+    if cap is not None and "softcap" not in attention_options(name):
+        warnings.warn(
+            f"student {student!r} takes no logit cap (softcap): it does without the teacher's",
+            UserWarning,
+            stacklevel=2,
+        )
+        cap = None
     norms = teacher.qk_norm_gains()
     if norms is not None and "qk_norm" not in attention_options(name):
         warnings.warn(
@@ -114,6 +122,7 @@ def student_layer(teacher: QKVAttention, student: str, **options: Any) -> Attent
         proj_drop=teacher.proj_drop.p,
         scale=getattr(teacher, "scale", None),
         qk_norm=norms,
+        softcap=cap,
         **fixed,
         **options,
     )

@@ -72,6 +72,7 @@ def softmax_attention(
     dropout_p: float = 0.0,
     need_weights: bool = False,
     backend: str = "auto",
+    softcap: float | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Scaled dot-product attention with safe masking.
 
@@ -87,6 +88,8 @@ def softmax_attention(
             eager when weights are needed or, on the CPU, for bfloat16 / float16 inputs with at most
             :data:`CPU_EAGER_MAX_KEYS` keys (there PyTorch's CPU flash kernel is 1.5-3x slower than the explicit
             matrix, forward and backward), else SDPA.
+        softcap: None, or a cap ``c > 0`` on the logits, ``s -> c * tanh(s / c)`` after the scale (Gemma 2); SDPA
+            has no such option, so a capped call takes the explicit matrix (``backend="sdpa"`` is refused).
 
     Returns:
         ``(out (B, H, Nq, Dv), weights or None)``.
@@ -100,12 +103,16 @@ def softmax_attention(
         raise ValueError(f"backend must be 'auto', 'sdpa' or 'eager', got {backend!r}")
     if need_weights and backend == "sdpa":
         raise ValueError("backend='sdpa' cannot return weights; use backend='eager' or 'auto'")
+    check_number("softcap", softcap, low=0, low_open=True, allow_none=True)
+    if softcap is not None and backend == "sdpa":
+        raise ValueError("backend='sdpa' cannot cap the logits (softcap); use backend='eager' or 'auto'")
     B, _, Nq, D = q.shape
     Nk = k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     use_sdpa = backend == "sdpa" or (
         backend == "auto"
         and not need_weights
+        and softcap is None
         and not (q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and Nk <= CPU_EAGER_MAX_KEYS)
     )
     if use_sdpa and key_mask is None and attn_mask is None and (not causal or Nq == Nk):
@@ -128,6 +135,8 @@ def softmax_attention(
                 torch.matmul(q.float(), k.float().transpose(-2, -1)) if half else torch.matmul(q, k.transpose(-2, -1))
             )
             scores = scores * scale  # (B, H, Nq, Nk)
+            if softcap is not None:
+                scores = softcap * torch.tanh(scores / softcap)
             if allowed is not None:
                 scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
             weights = scores.softmax(-1)

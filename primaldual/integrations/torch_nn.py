@@ -52,7 +52,7 @@ __all__ = [
     "with_original",
 ]
 
-_RESERVED_OPTIONS = ("causal", "qkv_bias", "head_dim", "device", "dtype", "qk_norm", "qk_norm_eps")
+_RESERVED_OPTIONS = ("causal", "qkv_bias", "head_dim", "device", "dtype", "qk_norm", "qk_norm_eps", "softcap")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -190,7 +190,8 @@ def accepts_attention_dropout(name: str) -> bool:
 def _check_reserved(options: dict[str, Any]) -> None:
     for key in _RESERVED_OPTIONS:
         if key in options:
-            whence = " (its q_norm / k_norm, or their absence)" if key.startswith("qk_norm") else ""
+            whence = {"qk_norm": " (its q_norm / k_norm, or their absence)", "softcap": " (its logit cap, or none)"}
+            whence = whence.get(key.removesuffix("_eps"), "")
             raise TypeError(f"option {key!r} is set from the model being converted{whence}; do not pass it")
 
 
@@ -269,6 +270,7 @@ def attention_from_projections(
     proj_drop: float = 0.0,
     scale: float | None = None,
     qk_norm: QKNorm | None = None,
+    softcap: float | None = None,
     **options: Any,
 ) -> AttentionLayer:
     """Build attention ``name`` and copy a model's projections into it.
@@ -281,6 +283,8 @@ def attention_from_projections(
         scale: the model's logit scale, passed to mechanisms with a ``scale`` option unless ``options`` sets it.
         qk_norm: the model's query / key norms, built and copied into the layer (``TypeError`` for a mechanism
             without the ``qk_norm`` option).
+        softcap: the model's cap on its logits (Gemma 2), or None (``TypeError`` for a mechanism without the
+            ``softcap`` option).
         options: mechanism options (e.g. ``s=20`` for primal, ``window=64`` for sparse).
 
     Returns:
@@ -303,6 +307,10 @@ def attention_from_projections(
         if "qk_norm" not in valid:
             raise TypeError(f"qk_norm: attention {name!r} takes no query / key norms (it has no qk_norm option)")
         kw.update(qk_norm=qk_norm.kind, qk_norm_eps=float(qk_norm.eps))
+    if softcap is not None:
+        if "softcap" not in valid:
+            raise TypeError(f"softcap: attention {name!r} cannot cap its logits (it has no softcap option)")
+        kw["softcap"] = float(softcap)
     layer = build_attention(
         name,
         dim,

@@ -18,8 +18,10 @@ def softmax_attention_ref(
     causal: bool = False,
     allowed: Tensor | None = None,
     scale: float | None = None,
+    softcap: float | None = None,
 ) -> Tensor:
-    """q, k ``(B, H, N, D)``, v ``(B, H, N, Dv)``; key_mask ``(B, N)`` True = real; allowed ``(N, N)``.
+    """q, k ``(B, H, N, D)``, v ``(B, H, N, Dv)``; key_mask ``(B, N)`` True = real; allowed ``(N, N)``; softcap:
+    logits ``s`` become ``softcap * tanh(s / softcap)`` (Gemma 2).
 
     A query with no admissible key returns zeros.
     """
@@ -33,6 +35,8 @@ def softmax_attention_ref(
     if causal:
         ok = ok & torch.ones(N, k.shape[2], dtype=torch.bool, device=q.device).tril()
     scores = torch.einsum("bhid,bhjd->bhij", q, k) * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
     # inadmissible scores out before the max: a large one (e.g. a padded key's) would underflow the admissible ones
     scores = scores.masked_fill(~ok, float("-inf"))
     top = scores.amax(-1, keepdim=True).detach()

@@ -20,7 +20,7 @@ DIM, HEADS, N = 12, 3, 13
 
 VARIANTS: dict[str, list[dict]] = {
     # qk_norm (every mechanism with a fused qkv projection takes it): each layout on some of them
-    "softmax": [{}, {"qk_norm": "head"}],
+    "softmax": [{}, {"qk_norm": "head"}, {"softcap": 2.0, "scale": 1.5}],
     "linear": [{}, {"qk_norm": "all_heads", "qk_norm_eps": 1e-5}],
     "sparse": [{"window": 2}, {"window": 2, "stride": 3, "num_global": 2}, {"window": 2, "qk_norm": "all_heads"}],
     # a non-zero gate: at the default 0 the branch starts outside the output (window only) and gets no gradient

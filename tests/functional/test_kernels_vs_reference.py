@@ -48,6 +48,34 @@ def test_softmax_matches_reference(causal, masked, backend):
     )
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("masked", [False, True])
+def test_softcapped_softmax_matches_reference(causal, masked):
+    """Gemma 2's soft cap, c * tanh(s / c), on logits large enough for the cap to bite."""
+    q, k, v, km = _inputs()
+    km = km if masked else None
+    q3 = lambda q: q * 3  # noqa: E731 - logits of a few units, near the cap of 2
+    _compare(
+        lambda q, k, v: softmax_attention(q3(q), k, v, key_mask=km, causal=causal, softcap=2.0)[0],
+        lambda q, k, v: softmax_attention_ref(q3(q), k, v, key_mask=km, causal=causal, softcap=2.0),
+        q,
+        k,
+        v,
+    )
+    capped = softmax_attention(q3(q), k, v, key_mask=km, causal=causal, softcap=2.0)[0]
+    assert rel_err(capped, softmax_attention(q3(q), k, v, key_mask=km, causal=causal)[0]) > 1e-2  # the cap bites
+
+
+def test_softcap_options_are_checked():
+    q, k, v, _ = _inputs()
+    with pytest.raises(ValueError, match="backend='sdpa' cannot cap the logits"):
+        softmax_attention(q, k, v, softcap=2.0, backend="sdpa")
+    with pytest.raises(ValueError, match="softcap"):
+        softmax_attention(q, k, v, softcap=0.0)
+    with pytest.raises(TypeError, match="softcap"):
+        softmax_attention(q, k, v, softcap="50")
+
+
 def test_softmax_sdpa_equals_eager_and_weights():
     q, k, v, km = _inputs()
     a, _ = softmax_attention(q, k, v, key_mask=km, backend="sdpa")

@@ -179,7 +179,6 @@ def test_nope_layers_take_no_rotary_tables():
         ("olmo", {"clip_qkv": 8.0}, "all", r"layer 0: clamped projections \(clip_qkv=8.0\)"),
         ("gemma", {"use_bidirectional_attention": True}, "all", "layer 0: a bidirectional decoder"),
         ("phi", {"qk_layernorm": True}, "all", r"layer 0: LayerNorms on queries / keys \(qk_layernorm\)"),
-        ("gemma3_text", {"attn_logit_softcapping": 50.0}, "all", r"layer 0: soft-capped attention logits"),
         ("olmo3", {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4}, (0,),
          r"layer 0: sliding-window attention"),
     ],
@@ -245,6 +244,16 @@ def test_identity_norms_are_no_norms_and_other_norms_are_named():
         hf.convert(copy.deepcopy(model), "softmax", (0,))
     attn.q_norm, attn.k_norm = torch.nn.RMSNorm(8, eps=1e-6), torch.nn.RMSNorm(8, eps=1e-6)
     assert hf.convert(model, "softmax", (0,)).model.layers[0].self_attn.attn.qk_norm == "head"
+
+
+def test_soft_capped_logits_convert_to_softmax_and_are_said_dropped_elsewhere():
+    """Gemma 2's cap (1.0 here, so that it bites) goes into softmax layers; sparse has none and says so."""
+    model = tiny("gemma2")
+    assert hf.convert(copy.deepcopy(model), "softmax", (0,)).model.layers[0].self_attn.attn.softcap == 1.0
+    with pytest.warns(UserWarning, match=r"layers \[0\]: attention 'sparse' takes no logit cap"):
+        hf.convert(copy.deepcopy(model), "sparse", (0,), window=64)
+    with pytest.raises(TypeError, match="option 'softcap' is set from the model being converted"):
+        hf.convert(model, "softmax", softcap=30.0)
 
 
 def test_the_norms_are_not_user_options_of_a_conversion():

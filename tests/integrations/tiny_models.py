@@ -76,9 +76,11 @@ def tiny(name: str, **overrides):
             kw["use_sliding_window"] = False
         if name == "smollm3":
             kw["no_rope_layers"] = [1, 0]  # layer 1 takes no rotary tables (NoPE)
-        if name in ("qwen3", "qwen3_moe", "gemma3_text"):
+        if name in ("qwen3", "qwen3_moe", "gemma3_text", "gemma2"):
             kw["head_dim"] = 8  # (defaults 128, 256)
-        if name in ("olmo3", "gemma3_text"):
+        if name == "gemma2":
+            kw["attn_logit_softcapping"] = 1.0  # (50 by default: a cap that tiny random logits never reach)
+        if name in ("olmo3", "gemma3_text", "gemma2"):
             kw["layer_types"] = ["full_attention"] * 2  # (by default some layers use a sliding window)
         if name == "qwen3_moe":
             kw.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
@@ -122,6 +124,8 @@ ROTARY = {
     # partial rotary: half of each head's channels rotate
     "stablelm": "StableLm",
     "phi": "Phi",
+    # soft-capped logits
+    "gemma2": "Gemma2",
 }
 #: the types among :data:`ROTARY` whose attention normalises queries and keys
 QK_NORMED = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text")

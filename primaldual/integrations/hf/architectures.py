@@ -33,6 +33,7 @@ model type                 blocks                  replaced module              
                                                                                 (OLMo 2 and 3)
 ``stablelm``, ``phi``      ``model.layers``        ``layer.self_attn``          as Llama, partial rotary (Phi-2:
                                                                                 ``dense`` out)
+``gemma2``                 ``model.layers``        ``layer.self_attn``          as Llama, soft-capped logits
 ``gpt_neox``               ``gpt_neox.layers``     ``layer.attention``          fused ``query_key_value``, rows
                                                                                 ``[q; k; v]`` per head; ``dense``
 =========================  ======================  ===========================  ==================================
@@ -73,6 +74,7 @@ class Site:
         norm: the residual ``LayerNorm`` inside the replaced module (post-norm BERT), or None.
         rope: the module receives rotary tables (``position_embeddings``) and applies them to q and k (Llama).
         qk_norm: the module's RMS norms on q and k, applied before the rotary tables (Qwen3, OLMo 2, Gemma 3).
+        softcap: the cap on its logits, ``s -> softcap * tanh(s / softcap)`` (Gemma 2), or None.
     """
 
     attr: str
@@ -90,6 +92,7 @@ class Site:
     norm: nn.Module | None = None
     rope: bool = False
     qk_norm: QKNorm | None = None
+    softcap: float | None = None
 
     @property
     def arg_names(self) -> tuple[str, ...]:
@@ -270,8 +273,7 @@ def _repeat_heads(proj: Projection, kv_heads: int, heads: int, head_dim: int, na
 
 def _rotary_layout(attn: nn.Module) -> str | None:
     """Why a Llama-layout attention cannot be reproduced by a converted layer, or None: projections clamped,
-    LayerNorms on queries and keys, soft-capped logits, or a sliding window (the converted layers attend to the whole
-    prefix)."""
+    LayerNorms on queries and keys, or a sliding window (the converted layers attend to the whole prefix)."""
     cfg = attn.config
     if not getattr(attn, "is_causal", True):
         return "a bidirectional decoder (is_causal False: use_bidirectional_attention) is not supported"
@@ -279,8 +281,6 @@ def _rotary_layout(attn: nn.Module) -> str | None:
         return f"clamped projections (clip_qkv={cfg.clip_qkv}) are not supported"
     if any(getattr(attn, n, None) is not None for n in ("q_layernorm", "k_layernorm")):
         return "LayerNorms on queries / keys (qk_layernorm) are not supported (RMS norms, q_norm / k_norm, are)"
-    if (cap := getattr(cfg, "attn_logit_softcapping", None)) is not None:
-        return f"soft-capped attention logits (attn_logit_softcapping={cap}) are not supported"
     # the layer's own window where it keeps one (Qwen2, SmolLM3: None on full-attention layers), else the model's
     window = getattr(attn, "sliding_window", getattr(cfg, "sliding_window", None))
     types, i = getattr(cfg, "layer_types", None) or [], attn.layer_idx
@@ -390,6 +390,7 @@ def _rotary(block: nn.Module) -> Site:
         layer_idx=attn.layer_idx,
         rope=bool(getattr(attn, "use_rope", True)),  # SmolLM3's NoPE layers take no tables
         qk_norm=_qk_norm(attn, heads, kv_heads, head_dim),
+        softcap=None if (cap := getattr(cfg, "attn_logit_softcapping", None)) is None else float(cap),
     )
 
 
@@ -450,6 +451,7 @@ ROTARY_MODEL_TYPES = (
     *("llama", "mistral", "qwen2", "gemma", "granite", "olmo", "smollm3", "phi3"),
     *("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text"),  # with query / key norms
     *("stablelm", "phi"),  # partial rotary
+    "gemma2",  # soft-capped logits
 )
 _FAMILIES: dict[str, tuple[tuple[str, ...], Callable[[nn.Module], Site]]] = {
     "gpt2": (("transformer.h", "h"), _gpt2),
@@ -479,7 +481,6 @@ _NOT_SUPPORTED = {
     "t5": "relative position biases have no primaldual equivalent",
     "deberta": "disentangled relative-position attention has no primaldual equivalent",
     "deberta-v2": "disentangled relative-position attention has no primaldual equivalent",
-    "gemma2": "soft-capped attention logits are not supported",
     "clip_text_model": "its attention is causal through the mask alone",
     "siglip_text_model": "it pools its last position, padding in a padded batch, where a converted layer outputs 0",
 }

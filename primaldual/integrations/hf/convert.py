@@ -97,7 +97,7 @@ def convert(
         cache_keywords.append(resolve_cache_keyword(site.module, causal=site.causal))
         sites.append(site)
     new = []
-    takes_norms = "qk_norm" in attention_options(attention)
+    takes_norms, takes_cap = (n in attention_options(attention) for n in ("qk_norm", "softcap"))
     for site, cache_keyword in zip(sites, cache_keywords):
         own = with_original(attention, options, attn_drop=site.attn_drop, proj_drop=site.proj_drop, scale=site.scale)
         layer = attention_from_projections(
@@ -109,6 +109,7 @@ def convert(
             out=site.out,
             causal=site.causal,
             qk_norm=site.qk_norm if takes_norms else None,
+            softcap=site.softcap if takes_cap else None,
             **own,
         )
         layer.train(site.module.training)
@@ -135,6 +136,13 @@ def convert(
         warnings.warn(
             f"layers {normed}: attention {attention!r} takes no query / key norms (qk_norm), so the converted layers "
             "do without the model's q_norm / k_norm (a primal layer normalises its own features)",
+            UserWarning,
+            stacklevel=2,
+        )
+    if not takes_cap and (capped := [i for i, site in zip(chosen, sites) if site.softcap is not None]):
+        warnings.warn(
+            f"layers {capped}: attention {attention!r} takes no logit cap (softcap), so the converted layers do "
+            "without the model's attn_logit_softcapping (softmax takes it)",
             UserWarning,
             stacklevel=2,
         )
