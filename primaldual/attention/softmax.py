@@ -46,6 +46,9 @@ class SoftmaxAttention(QKVAttention):
         if softcap is not None and backend == "sdpa":
             raise ValueError("softcap: SDPA cannot cap the logits; use backend 'auto' or 'eager' with it")
 
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (f", softcap={self.softcap}" if self.softcap is not None else "")
+
     def init_state(
         self, batch: int, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
     ) -> KVCache:

@@ -320,3 +320,11 @@ def test_opt_converts_faithfully():
     assert torch.equal(conv.generate(ids, **kw), model.generate(ids, **kw))
     conv = hf.convert(copy.deepcopy(model), "primal", (-1,), s=4)
     assert torch.equal(conv.generate(ids, **kw), _greedy(conv, ids, mask, 5))
+
+
+def test_a_refusal_names_the_layers_that_do_convert():
+    """Gemma 3 slides in five layers of six: the error for "all" lists the full-attention ones."""
+    model = tiny("gemma3_text", num_hidden_layers=7, layer_types=None, sliding_window=4)
+    with pytest.raises(ValueError, match=r"layer 0: sliding-window .*; the layers of this model that convert: \[5\]$"):
+        hf.convert(model, "softmax", "all")
+    assert hf.convert(model, "softmax", [5]).model.layers[5].self_attn.attn.causal

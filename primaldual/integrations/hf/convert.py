@@ -92,7 +92,10 @@ def convert(
         current = getattr(blocks[i], "attn", None) or getattr(blocks[i], "attention", None)
         if isinstance(current, HFSelfAttention):
             raise ValueError(f"layers: layer {i} ({path}.{i}) is already converted")
-        site = read_site(model, blocks[i], i)
+        try:
+            site = read_site(model, blocks[i], i)
+        except ValueError as err:
+            raise ValueError(f"{err}{_convertible_hint(model, blocks)}") from None
         check_causal_capability(attention, site.causal, f"layer {i} of this {model_type_of(model)} model")
         cache_keywords.append(resolve_cache_keyword(site.module, causal=site.causal))
         sites.append(site)
@@ -153,6 +156,19 @@ def convert(
     _own_config(model)
     set_config_value(model, CONVERSIONS_KEY, record)
     return model
+
+
+def _convertible_hint(model: nn.Module, blocks: nn.ModuleList) -> str:
+    """``"; layers that convert: [...]"`` when some of the model's layers can be converted (a model whose sliding-window
+    layers are refused, such as Gemma 3), else ``""``."""
+    ok = []
+    for j, block in enumerate(blocks):
+        try:
+            read_site(model, block, j)
+        except ValueError:
+            continue
+        ok.append(j)
+    return f"; the layers of this model that convert: {ok}" if ok else ""
 
 
 def _own_config(model: nn.Module) -> None:
