@@ -93,23 +93,17 @@ def student_layer(teacher: QKVAttention, student: str, **options: Any) -> Attent
     def part(i: int) -> tuple[Tensor, Tensor | None]:
         return w[i * inner : (i + 1) * inner], None if b is None else b[i * inner : (i + 1) * inner]
 
-    cap = getattr(teacher, "softcap", None)
-    if cap is not None and "softcap" not in attention_options(name):
+    # what of the teacher's the student mechanism may not take: said once, never dropped silently
+    own = {"qk_norm": teacher.qk_norm_gains(), "softcap": getattr(teacher, "softcap", None)}
+    dropped = [key for key, value in own.items() if value is not None and key not in attention_options(name)]
+    if dropped:
+        what = {"qk_norm": "query / key norms (qk_norm)", "softcap": "logit cap (softcap)"}
         warnings.warn(
-            f"student {student!r} takes no logit cap (softcap): it does without the teacher's",
+            f"student {student!r} takes no {' and no '.join(what[k] for k in dropped)}: it does without the teacher's",
             UserWarning,
             stacklevel=2,
         )
-        cap = None
-    norms = teacher.qk_norm_gains()
-    if norms is not None and "qk_norm" not in attention_options(name):
-        warnings.warn(
-            f"student {student!r} takes no query / key norms (qk_norm): it does without the teacher's "
-            "(a primal layer normalises its own features)",
-            UserWarning,
-            stacklevel=2,
-        )
-        norms = None
+    norms, cap = (None if key in dropped else own[key] for key in ("qk_norm", "softcap"))
     layer = attention_from_projections(
         name,
         num_heads=teacher.num_heads,

@@ -53,6 +53,11 @@ __all__ = [
 ]
 
 _RESERVED_OPTIONS = ("causal", "qkv_bias", "head_dim", "device", "dtype", "qk_norm", "qk_norm_eps", "softcap")
+_WHENCE = {  # what of the model a reserved option comes from, where the name does not say it
+    "qk_norm": " (its q_norm / k_norm, or their absence)",
+    "qk_norm_eps": " (its q_norm / k_norm, or their absence)",
+    "softcap": " (its logit cap, or none)",
+}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -190,9 +195,9 @@ def accepts_attention_dropout(name: str) -> bool:
 def _check_reserved(options: dict[str, Any]) -> None:
     for key in _RESERVED_OPTIONS:
         if key in options:
-            whence = {"qk_norm": " (its q_norm / k_norm, or their absence)", "softcap": " (its logit cap, or none)"}
-            whence = whence.get(key.removesuffix("_eps"), "")
-            raise TypeError(f"option {key!r} is set from the model being converted{whence}; do not pass it")
+            raise TypeError(
+                f"option {key!r} is set from the model being converted{_WHENCE.get(key, '')}; do not pass it"
+            )
 
 
 def with_original(name: str, options: dict[str, Any], **original: Any) -> dict[str, Any]:
