@@ -295,6 +295,30 @@ def test_an_older_dinov2_layout_is_refused_by_name():
         hf.convert(model, "softmax", (0,))
 
 
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_clip_text_tower_converts_causal_and_pools_like_the_original(impl, tmp_path):
+    """CLIP's text tower is causal through the mask it builds and never cached: softmax reproduces its hidden states
+    and its pooled end-of-text embedding, padded or not; a primal last layer is causal; save and reload."""
+    model = tiny("clip_text")
+    model.set_attn_implementation(impl)
+    ids, mask = token_batch(length=10, pad_from=7)
+    ids[:, -1], ids[1, 6] = 49, 49  # the end-of-text token of each row (row 1 is padded after it)
+    conv = hf.convert(copy.deepcopy(model), "softmax", "all")
+    assert all(m.attn.causal for m in hf.converted_layers(conv).values())
+    with torch.no_grad():
+        for m in (None, mask):
+            a, b = model(ids, attention_mask=m), conv(ids, attention_mask=m)
+            keep = torch.ones_like(ids, dtype=torch.bool) if m is None else m.bool()
+            torch.testing.assert_close(b.last_hidden_state[keep], a.last_hidden_state[keep], rtol=0, atol=1e-5)
+            torch.testing.assert_close(b.pooler_output, a.pooler_output, rtol=0, atol=1e-5)
+    primal = hf.convert(copy.deepcopy(model), "primal", (-1,), s=4)
+    primal.save_pretrained(tmp_path)
+    back = hf.from_pretrained(type(model), tmp_path).eval()  # (its unconverted layer: the default implementation)
+    with torch.no_grad():
+        a, b = back(ids, attention_mask=mask).pooler_output, primal(ids, attention_mask=mask).pooler_output
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
 def test_a_siglip_text_tower_is_refused_with_the_reason():
     with pytest.raises(ValueError, match="'siglip_text_model' .*: it pools its last position"):
         hf.convert(tiny("siglip_text"), "softmax", "all")

@@ -49,6 +49,10 @@ def tiny(name: str, **overrides):
         prefix = {"clip_vision": "CLIPVision", "siglip_vision": "SiglipVision"}[name]
         cfg = getattr(tr, f"{prefix}Config")(**{**kw, "num_attention_heads": 2, "intermediate_size": 64, **overrides})
         return getattr(tr, f"{prefix}Model")(cfg).eval()
+    if name == "clip_text":  # eos_token_id 49: the position it pools (the legacy id 2 would pool at the argmax id)
+        kw = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=50)
+        kw.update(max_position_embeddings=16, pad_token_id=1, bos_token_id=0, eos_token_id=49)
+        return tr.CLIPTextModel(tr.CLIPTextConfig(**{**kw, **overrides})).eval()
     if name == "siglip_text":
         kw = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=50)
         kw.update(max_position_embeddings=16, pad_token_id=1, bos_token_id=0, eos_token_id=0)

@@ -18,7 +18,8 @@ model type                 blocks                  replaced module              
 ``dinov2``                 (DINOv2:
                            ``encoder.layer``)
 ``clip_vision_model``,     ``<tower>.encoder       ``layer.self_attn``          ``q_proj/k_proj/v_proj/out_proj``
-``siglip_vision_model``    .layers``
+``siglip_vision_model``,   .layers``                                            (CLIP's text tower: causal, never
+``clip_text_model``                                                             cached)
 ``opt``                    ``model.decoder.layers`` ``layer.self_attn``         ``q_proj/k_proj/v_proj/out_proj``
 ``llama``                  ``model.layers``        ``layer.self_attn``          ``q_proj/k_proj/v_proj/o_proj``;
                                                                                 grouped K / V heads repeated to
@@ -75,6 +76,7 @@ class Site:
         rope: the module receives rotary tables (``position_embeddings``) and applies them to q and k (Llama).
         qk_norm: the module's RMS norms on q and k, applied before the rotary tables (Qwen3, OLMo 2, Gemma 3).
         softcap: the cap on its logits, ``s -> softcap * tanh(s / softcap)`` (Gemma 2), or None.
+        decodes: a causal module that generation calls with a cache (False: a causal encoder, CLIP's text tower).
     """
 
     attr: str
@@ -93,6 +95,7 @@ class Site:
     rope: bool = False
     qk_norm: QKNorm | None = None
     softcap: float | None = None
+    decodes: bool = True
 
     @property
     def arg_names(self) -> tuple[str, ...]:
@@ -231,15 +234,14 @@ def _dinov2(block: nn.Module) -> Site:
     return _vit(block)
 
 
-def _clip(block: nn.Module) -> Site:
-    """CLIP's and SigLIP's vision towers: ``self_attn`` with ``q_proj/k_proj/v_proj/out_proj``, bidirectional. The text
-    towers are not supported types: CLIP's is causal through its mask alone, and SigLIP's pools its last position,
-    which is padding in a padded batch, where a converted layer outputs zero."""
+def _clip(block: nn.Module, causal: bool = False) -> Site:
+    """CLIP's and SigLIP's vision towers and CLIP's text tower: ``self_attn`` with ``q_proj/k_proj/v_proj/out_proj``;
+    bidirectional, or (CLIP's text tower) causal through the mask the tower builds, with no cache. SigLIP's text
+    tower is not a supported type: it pools its last position, which is padding in a padded batch, where a converted
+    layer outputs zero."""
     attn = getattr(block, "self_attn", None)
     if attn is None or not all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "out_proj")):
         raise LayoutError("expected an encoder layer with self_attn.q_proj/k_proj/v_proj/out_proj")
-    if getattr(attn, "is_causal", False):
-        raise LayoutError("a causal CLIP / SigLIP attention is not supported")
     return Site(
         attr="self_attn",
         module=attn,
@@ -248,12 +250,18 @@ def _clip(block: nn.Module) -> Site:
         v=_linear(attn.v_proj),
         out=_linear(attn.out_proj),
         num_heads=attn.num_heads,
-        causal=False,
+        causal=causal,
         scale=float(attn.scale),
         attn_drop=float(attn.dropout),
         proj_drop=0.0,
         layer_idx=None,
+        decodes=False,
     )
+
+
+def _clip_text(block: nn.Module) -> Site:
+    """CLIP's text tower: causal (its tower passes a causal mask), pooled at its end-of-text token, never cached."""
+    return _clip(block, causal=True)
 
 
 def _repeat_heads(proj: Projection, kv_heads: int, heads: int, head_dim: int, name: str) -> Projection:
@@ -467,6 +475,7 @@ _FAMILIES: dict[str, tuple[tuple[str, ...], Callable[[nn.Module], Site]]] = {
     "dinov2": (("dinov2.encoder.layer", "encoder.layer"), _dinov2),
     "clip_vision_model": (("vision_model.encoder.layers", "encoder.layers"), _clip),
     "siglip_vision_model": (("vision_model.encoder.layers", "encoder.layers"), _clip),
+    "clip_text_model": (("text_model.encoder.layers", "encoder.layers"), _clip_text),
     "opt": (("model.decoder.layers", "decoder.layers"), _opt),
     "gpt_neox": (("gpt_neox.layers", "layers"), _gpt_neox),
     **{t: (("model.layers", "layers"), _rotary) for t in ROTARY_MODEL_TYPES},
@@ -481,7 +490,6 @@ _NOT_SUPPORTED = {
     "t5": "relative position biases have no primaldual equivalent",
     "deberta": "disentangled relative-position attention has no primaldual equivalent",
     "deberta-v2": "disentangled relative-position attention has no primaldual equivalent",
-    "clip_text_model": "its attention is causal through the mask alone",
     "siglip_text_model": "it pools its last position, padding in a padded batch, where a converted layer outputs 0",
 }
 

@@ -61,7 +61,7 @@ def convert(
 
     Args:
         model: a transformers model of a type in :data:`~primaldual.integrations.hf.SUPPORTED_MODEL_TYPES` (gpt2,
-            opt, gpt_neox, the BERT-like and ViT-like encoders, CLIP's and SigLIP's vision towers,
+            opt, gpt_neox, the BERT-like and ViT-like encoders, CLIP's towers, SigLIP's vision tower,
             decision_transformer, llama and the types of its layout; any head).
         attention: a registered mechanism (``primaldual.list_attentions()``).
         layers: block indices (negative from the end) or ``"all"``.
@@ -97,7 +97,7 @@ def convert(
         except ValueError as err:
             raise ValueError(f"{err}{_convertible_hint(model, blocks)}") from None
         check_causal_capability(attention, site.causal, f"layer {i} of this {model_type_of(model)} model")
-        cache_keywords.append(resolve_cache_keyword(site.module, causal=site.causal))
+        cache_keywords.append(resolve_cache_keyword(site.module, causal=site.causal and site.decodes))
         sites.append(site)
     new = []
     takes_norms, takes_cap = (n in attention_options(attention) for n in ("qk_norm", "softcap"))
@@ -125,6 +125,7 @@ def convert(
                 norm=site.norm,
                 source=type(site.module).__name__,
                 rope=site.rope,
+                decodes=site.decodes,
             )
         )
     ignored = [i for i, site, m in zip(chosen, sites, new) if site.rope and not m.uses_rope]

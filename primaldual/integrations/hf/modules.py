@@ -60,6 +60,8 @@ class HFSelfAttention(nn.Module):
         norm: the residual ``LayerNorm`` of a post-norm output block (BERT), or None.
         source: the replaced module's class name (for ``repr`` and errors).
         rope: the replaced module applied the rotary tables it is called with (``position_embeddings``).
+        decodes: a causal module that generation calls with a cache (False: a causal encoder such as CLIP's text
+            tower, which is never cached, so it has no cache keyword).
     """
 
     def __init__(
@@ -72,12 +74,13 @@ class HFSelfAttention(nn.Module):
         norm: nn.Module | None = None,
         source: str = "",
         rope: bool = False,
+        decodes: bool = True,
     ) -> None:
         super().__init__()
         self.attn = layer
         self.norm = norm
         self.arg_names = tuple(arg_names)
-        if cache_keyword is None and layer.causal:
+        if cache_keyword is None and layer.causal and decodes:
             raise ValueError("cache_keyword: a causal layer needs the keyword its cache arrives under, got None")
         if cache_keyword is not None and cache_keyword not in CACHE_KEYWORDS:
             raise ValueError(f"cache_keyword must be one of {list(CACHE_KEYWORDS)} or None, got {cache_keyword!r}")
