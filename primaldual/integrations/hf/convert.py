@@ -128,28 +128,18 @@ def convert(
                 decodes=site.decodes,
             )
         )
-    ignored = [i for i, site, m in zip(chosen, sites, new) if site.rope and not m.uses_rope]
-    if ignored:
-        warnings.warn(
-            f"layers {ignored}: attention {attention!r} takes no rotary position embeddings, so the converted "
-            "layers do without the model's RoPE (a primal layer's positions come from its causal prefix means)",
-            UserWarning,
-            stacklevel=2,
-        )
-    if not takes_norms and (normed := [i for i, site in zip(chosen, sites) if site.qk_norm is not None]):
-        warnings.warn(
-            f"layers {normed}: attention {attention!r} takes no query / key norms (qk_norm), so the converted layers "
-            "do without the model's q_norm / k_norm (a primal layer normalises its own features)",
-            UserWarning,
-            stacklevel=2,
-        )
-    if not takes_cap and (capped := [i for i, site in zip(chosen, sites) if site.softcap is not None]):
-        warnings.warn(
-            f"layers {capped}: attention {attention!r} takes no logit cap (softcap), so the converted layers do "
-            "without the model's attn_logit_softcapping (softmax takes it)",
-            UserWarning,
-            stacklevel=2,
-        )
+    # what of the model the mechanism goes without, layer by layer: said once each, never dropped silently
+    dropped = {
+        "rotary position embeddings, so the converted layers do without the model's RoPE (a primal layer's positions "
+        "come from its causal prefix means)": [i for i, s, m in zip(chosen, sites, new) if s.rope and not m.uses_rope],
+        "query / key norms (qk_norm), so the converted layers do without the model's q_norm / k_norm (a primal layer "
+        "normalises its own features)": [i for i, s in zip(chosen, sites) if s.qk_norm is not None and not takes_norms],
+        "logit cap (softcap), so the converted layers do without the model's attn_logit_softcapping (softmax takes "
+        "it)": [i for i, s in zip(chosen, sites) if s.softcap is not None and not takes_cap],
+    }
+    for what, layers in dropped.items():
+        if layers:
+            warnings.warn(f"layers {layers}: attention {attention!r} takes no {what}", UserWarning, stacklevel=2)
     for i, site, module in zip(chosen, sites, new):
         setattr(blocks[i], site.attr, module)
     record = list(config_value(model, CONVERSIONS_KEY) or [])
