@@ -1,8 +1,9 @@
-"""From a trained softmax model to a primal (constant-state) one: swap, initialise from the teacher, transfer.
+"""From a trained softmax model to a primal one: swap, initialise from the teacher, transfer.
 
 ``convert(teacher, "primal", layers=(-1,), batches=..., steps=...)`` returns a converted copy of a trained
-:class:`~primaldual.models.CausalLM` after stage 1 (layer-wise attention transfer); stage 2 is ordinary training of
-the copy on the LM loss (``primaldual convert`` runs both, with a run directory, see ``docs/conversion.md``).
+:class:`~primaldual.models.CausalLM` (a constant decoding state) or bidirectional classifier after stage 1
+(layer-wise attention transfer); stage 2 is ordinary training of the copy on the task's loss (``primaldual convert``
+runs both, with a run directory, see ``docs/conversion.md``).
 
 * :mod:`.students`: the students (``primal``, ``hybrid``, ``window``) and :func:`swap_attention`;
 * :mod:`.init`: the KSVD and least-squares initialisation from the teacher (:func:`init_from_teacher`);
@@ -53,13 +54,14 @@ def check_stages(init: str, steps: int) -> None:
 
 
 def initialise_students(
-    teacher: nn.Module, student: nn.Module, layers: Sequence[int], ids: Tensor, mask: Tensor | None = None
+    teacher: nn.Module, student: nn.Module, layers: Sequence[int], inputs: Tensor, mask: Tensor | None = None
 ) -> dict[int, dict[str, float]]:
-    """:func:`init_from_teacher` for every converted layer, on the teacher's attention inputs for the calibration
-    batch ``ids`` ``(B, N)``. Returns the figures per layer index."""
-    io = teacher_attention_io(teacher, ids, mask, layers)
+    """:func:`init_from_teacher` for every converted layer, on the teacher's attention inputs (and the key masks its
+    layers were given) for the calibration batch ``inputs`` (token ids ``(B, N)``, features, images: the teacher's
+    first argument). Returns the figures per layer index."""
+    io = teacher_attention_io(teacher, inputs, mask, layers, masks=True)
     t_blocks, s_blocks = find_blocks(teacher), find_blocks(student)
-    return {i: init_from_teacher(s_blocks[i].attn, t_blocks[i].attn, x, mask) for i, (x, _) in zip(layers, io)}
+    return {i: init_from_teacher(s_blocks[i].attn, t_blocks[i].attn, x, m) for i, (x, _, _, m) in zip(layers, io)}
 
 
 def convert(
@@ -76,16 +78,19 @@ def convert(
     """A converted copy of ``teacher`` (left unchanged): swap, initialisation and stage 1.
 
     Args:
-        teacher: a trained model with causal softmax blocks (``CausalLM``).
-        student: ``"primal"`` (the paper's causal layer), ``"hybrid"`` (window + sinks + primal branch) or
-            ``"window"`` (the hybrid without its branch: nothing is trained).
+        teacher: a trained primaldual model with softmax blocks: a ``CausalLM``, or a bidirectional classifier (time
+            series, LRA, vision), called as ``teacher(inputs, mask)`` or ``teacher(inputs)``.
+        student: ``"primal"`` (the paper's layer, causal as the teacher), ``"hybrid"`` (window + sinks + primal
+            branch) or ``"window"`` (the hybrid without its branch: nothing is trained); the last two are causal.
         layers: block indices (negative from the end) or ``"all"``; ``(-1,)`` converts the last layer (Primal.+).
-        batches: ``(ids, mask)`` batches of the teacher's data; the first one calibrates the initialisation, the
+        batches: ``(inputs, mask)`` batches of the teacher's data (``inputs`` its first argument: token ids,
+            features or images; ``mask`` ``(B, N)`` bool or None); the first one calibrates the initialisation, the
             next ``steps`` train stage 1. Needed unless ``init="random"`` and ``steps=0``.
         steps: stage-1 updates (0: none, a plain swap).
         init: ``"teacher"`` (KSVD + least squares, :func:`init_from_teacher`) or ``"random"`` (the layers' own).
         lr: stage-1 Adam learning rate (3e-4: see docs/conversion.md on why it is low).
-        options: the student mechanism's options (``s``, ``eta``, ``window``, ``sinks``, ...).
+        options: the student mechanism's options (``s``, ``eta``, ``window``, ``sinks``; for a bidirectional teacher
+            ``data_dependent``, ``n``, ``rank_multi``, ``max_len``, ...).
 
     Returns:
         ``(model, report)``: report holds ``layers``, ``init`` (per-layer figures) and ``history`` (stage 1).

@@ -1,19 +1,21 @@
-"""Converting a trained Hugging Face causal LM (Llama and its layout, GPT-NeoX, GPT-2, OPT): the students of
-:mod:`primaldual.convert` put in place by :func:`primaldual.integrations.hf.convert`, initialised from the teacher and
-trained by the same stage 1.
+"""Converting a trained Hugging Face model: a causal LM (Llama and its layout, GPT-NeoX, GPT-2, OPT, ...) or a
+bidirectional encoder (BERT and its kin, ViT, DeiT, CLIP's towers, ...): the students of :mod:`primaldual.convert`
+put in place by :func:`primaldual.integrations.hf.convert`, initialised from the teacher and trained by the same
+stage 1.
 
 :func:`convert_hf` is :func:`primaldual.convert.convert` for a transformers model: a converted copy (the teacher is
 left unchanged), the KSVD and least-squares initialisation on a calibration batch, then teacher-forced attention
 transfer (:func:`~primaldual.convert.transfer.attention_transfer` with this module's readers). The teacher's layer
 inputs are read by hooks on its attention modules, with the rotary tables a Llama passes them
 (``position_embeddings``), so that the students' window branches are rotated as the teacher was. Stage 2 is
-ordinary training of the returned model on the LM loss plus :func:`primaldual.collect_aux_loss`.
+ordinary training of the returned model on its task's loss plus :func:`primaldual.collect_aux_loss`.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable, Sequence
+import inspect
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -22,7 +24,7 @@ from torch import Tensor, nn
 from ..attention.base import AttentionLayer
 from ..integrations.torch_nn import attention_from_projections, resolve_layer_indices
 from .init import init_from_teacher
-from .students import check_student, new_parameters
+from .students import BIDIRECTIONAL_DEFAULTS, check_student, new_parameters
 from .transfer import TransferState, attention_transfer
 
 __all__ = ["convert_hf", "hf_attention_io", "hf_student_layers", "hf_teacher_layer"]
@@ -45,15 +47,51 @@ def _key_mask(mask: Tensor | None) -> Tensor | None:
     return None if mask is None else mask.bool()
 
 
+Batch = tuple[Tensor, Tensor | None] | Mapping[str, Any]
+
+
+def _model_inputs(teacher: nn.Module, inputs: Tensor | Mapping[str, Any], mask: Tensor | None) -> dict[str, Any]:
+    """The keyword arguments of the teacher's forward for one batch: ``input_ids`` and ``attention_mask``, or the
+    given mapping (``pixel_values``, ...); ``use_cache=False`` where the forward takes it (nothing is decoded)."""
+    if isinstance(inputs, Mapping):
+        if mask is not None:
+            raise ValueError("mask: a batch given as a mapping of the model's inputs carries its own attention_mask")
+        kw = dict(inputs)
+    else:
+        kw = {"input_ids": inputs, "attention_mask": mask}
+    if "use_cache" in inspect.signature(teacher.forward).parameters:
+        kw.setdefault("use_cache", False)
+    return kw
+
+
+def _batch(item: Batch) -> tuple[Tensor | Mapping[str, Any], Tensor | None]:
+    """One batch of ``convert_hf``'s stream as ``(inputs, attention_mask or None)``."""
+    if isinstance(item, Mapping):
+        return item, item.get("attention_mask")
+    if isinstance(item, tuple | list) and len(item) == 2:
+        return item[0], item[1]
+    raise TypeError(
+        f"batches: each batch is (input_ids, attention_mask or None) or a mapping of the model's inputs "
+        f"(e.g. {{'pixel_values': images}}), got {type(item).__name__}"
+    )
+
+
 @torch.no_grad()
 def hf_attention_io(
-    teacher: nn.Module, ids: Tensor, mask: Tensor | None, layers: Sequence[int]
+    teacher: nn.Module, ids: Tensor | Mapping[str, Any], mask: Tensor | None, layers: Sequence[int]
 ) -> list[tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]]:
-    """The teacher's attention input ``(B, N, C)``, output ``(B, N, C)`` (zero at padded tokens) and rotary tables
-    (``(cos, sin)`` each ``(B, N, D)``, or None) at each of ``layers``, from one forward in eval mode."""
+    """The teacher's attention input ``(B, N, C)``, output ``(B, N, C)`` (zero at padded tokens; before the residual
+    and its norm in a post-norm model such as BERT) and rotary tables (``(cos, sin)`` each ``(B, N, D)``, or None)
+    at each of ``layers``, from one forward in eval mode.
+
+    ``ids`` ``(B, N)`` with ``mask`` (the ``attention_mask``, 1 = keep, or None), or a mapping of the model's inputs
+    (``{"pixel_values": images}``; its ``attention_mask``, if any, masks the keys) with ``mask`` None."""
     hf = _hf()
+    kw = _model_inputs(teacher, ids, mask)
+    mask = kw.get("attention_mask")
     _, blocks = hf.find_blocks(teacher)
     seen: dict[int, tuple[Tensor, Tensor, Any]] = {}
+    normed: dict[int, Tensor] = {}  # the input of a post-norm module's residual norm, per layer
     hooks = []
     for i in layers:
         site = hf.read_site(teacher, blocks[i], i)
@@ -65,13 +103,20 @@ def hf_attention_io(
             if rope is None and len(args) > 1 and isinstance(args[1], tuple):
                 rope = args[1]
             rope = rope if rotates else None  # a NoPE layer (SmolLM3) is handed the tables and leaves them unused
+            if i in normed:  # post-norm (BERT): the module returned norm(attention + x); the attention is the rest
+                y = normed.pop(i) - x
             seen[i] = (x.detach(), y.detach(), None if rope is None else tuple(t.detach() for t in rope))
 
+        def norm_input(mod: nn.Module, args: tuple, i: int = i) -> None:
+            normed[i] = args[0]
+
+        if site.norm is not None:
+            hooks.append(site.norm.register_forward_pre_hook(norm_input))
         hooks.append(site.module.register_forward_hook(hook, with_kwargs=True))
     was = teacher.training
     teacher.eval()
     try:
-        teacher(input_ids=ids, attention_mask=mask, use_cache=False)
+        teacher(**kw)
     finally:
         teacher.train(was)
         for h in hooks:
@@ -115,7 +160,7 @@ def hf_teacher_layer(teacher: nn.Module, index: int) -> AttentionLayer:
         k=site.k,
         v=site.v,
         out=site.out,
-        causal=True,
+        causal=site.causal,
         scale=site.scale,
         qk_norm=site.qk_norm,
         softcap=site.softcap,
@@ -128,7 +173,7 @@ def convert_hf(
     student: str = "primal",
     layers: int | Sequence[int] | str = (-1,),
     *,
-    batches: Iterable[tuple[Tensor, Tensor | None]] | None = None,
+    batches: Iterable[Batch] | None = None,
     steps: int = 0,
     init: str = "teacher",
     lr: float = 3e-4,
@@ -138,13 +183,15 @@ def convert_hf(
     on_checkpoint: Callable[[dict[str, Any]], None] | None = None,
     **options: Any,
 ) -> tuple[nn.Module, dict[str, Any]]:
-    """A converted copy of the transformers causal LM ``teacher`` (left unchanged): swap, initialisation, stage 1.
+    """A converted copy of the transformers model ``teacher`` (left unchanged): swap, initialisation, stage 1.
 
     Args:
-        teacher: a causal transformers model of a type :func:`primaldual.integrations.hf.convert` supports.
+        teacher: a transformers model of a type :func:`primaldual.integrations.hf.convert` supports: a causal LM, or
+            a bidirectional encoder (``primal`` students only; causal or not as each layer is).
         student, layers, steps, init, lr, options: as :func:`primaldual.convert.convert`.
-        batches: ``(input_ids (B, N), attention_mask (B, N) or None)`` batches of the teacher's data; the first
-            calibrates the initialisation, the next ``steps`` train stage 1.
+        batches: batches of the teacher's data, each ``(input_ids (B, N), attention_mask (B, N) or None)`` or a
+            mapping of the model's inputs (``{"pixel_values": images}``, ``{"input_ids": ..., "attention_mask":
+            ...}``); the first calibrates the initialisation, the next ``steps`` train stage 1.
         log_every: a stage-1 history row every ``log_every`` updates (and at the first and last); ``on_log(row)`` is
             called with each as it is made.
         on_checkpoint: called every ``log_every`` updates of stage 1 (not at its end) with what ``resume`` takes: the
@@ -162,17 +209,20 @@ def convert_hf(
     hf = _hf()
     _, blocks = hf.find_blocks(teacher)
     chosen = resolve_layer_indices(layers, len(blocks))
+    if not all(hf.read_site(teacher, blocks[i], i).causal for i in chosen):
+        check_student(student, options, causal=False)  # the window students look back: causal layers only
+        options = {**BIDIRECTIONAL_DEFAULTS, **options}  # (also right for a causal layer among them)
     model = hf.convert(copy.deepcopy(teacher), name, chosen, **fixed, **options)
     report: dict[str, Any] = {"layers": chosen, "init": {}, "history": []}
     trains = student != "window"
     if (init == "teacher" and trains) or (steps and trains):
         if batches is None:
             raise ValueError("batches: needed for the teacher initialisation and for stage 1")
-        it = iter(batches)
+        it = map(_batch, batches)
         if init == "teacher" and trains:
             ids, mask = next(it)
             if resume is None:
-                io = hf_attention_io(teacher, ids, mask, chosen)
+                io = hf_attention_io(teacher, *_split(ids, mask), chosen)
                 students = hf_student_layers(model, chosen)
                 for i, layer, (x, _, rope) in zip(chosen, students, io):
                     use = rope if type(layer).capabilities.rope else None
@@ -233,13 +283,22 @@ def _rng_state() -> dict[str, Any]:
     return {"cpu": torch.get_rng_state(), "cuda": cuda}
 
 
-def _as_key_masks(batches: Iterable[tuple[Tensor, Tensor | None]]) -> Iterable[tuple[Tensor, Tensor | None]]:
+def _split(inputs: Tensor | Mapping[str, Any], mask: Tensor | None) -> tuple[Any, Tensor | None]:
+    """``hf_attention_io``'s ``(ids, mask)`` for a batch: a mapping carries its mask inside."""
+    return (inputs, None) if isinstance(inputs, Mapping) else (inputs, mask)
+
+
+def _as_key_masks(
+    batches: Iterable[tuple[Tensor | Mapping[str, Any], Tensor | None]],
+) -> Iterable[tuple[Tensor | Mapping[str, Any], Tensor | None]]:
     """Stage 1 computes its loss with bool key masks; the teacher forward gets them back as 0/1 (see below)."""
-    for ids, mask in batches:
-        yield ids, _key_mask(mask)
+    for inputs, mask in batches:
+        yield inputs, _key_mask(mask)
 
 
 def _io_with_hf_mask(
-    teacher: nn.Module, ids: Tensor, mask: Tensor | None, layers: Sequence[int]
+    teacher: nn.Module, inputs: Tensor | Mapping[str, Any], mask: Tensor | None, layers: Sequence[int]
 ) -> list[tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]]:
-    return hf_attention_io(teacher, ids, None if mask is None else mask.long(), layers)
+    if isinstance(inputs, Mapping):
+        return hf_attention_io(teacher, inputs, None, layers)
+    return hf_attention_io(teacher, inputs, None if mask is None else mask.long(), layers)

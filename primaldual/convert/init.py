@@ -2,15 +2,21 @@
 output map.
 
 * **KSVD** (Chen et al., 2023, Theorem 1): on a calibration batch, the student's own feature matrices per head,
-  ``Phi_q, Phi_k`` ``(T, p)`` over the T real tokens (the prefix means of q and k after the cosine feature map, as
-  the causal layer computes them), define the asymmetric kernel ``K = Phi_q Phi_k^T``. Its top-s SVD gives the
-  stationary point ``W_e = Phi_k^T H_r``, ``W_r = Phi_q^T H_e`` and ``Lambda = (T / Sigma)^{1/2}`` in the layer's
-  convention, where the layer's KSVD objective J is zero on that batch (global reduction)
+  ``Phi_q, Phi_k`` ``(T, p)`` over the T real tokens (the cosine feature map of q and k, of their prefix means for a
+  causal layer, as the layer computes them), define the asymmetric kernel ``K = Phi_q Phi_k^T``. Its top-s SVD gives
+  the stationary point ``W_e = Phi_k^T H_r``, ``W_r = Phi_q^T H_e`` and ``Lambda = (T / Sigma)^{1/2}`` in the
+  layer's convention, where the layer's KSVD objective J is zero on that batch (global reduction)
   (:func:`~primaldual.theory.ksvd.primal_stationary_point`, without forming the ``(T, T)`` kernel). The stationary
   points form a cone: ``(c W_e, c W_r, Lambda)`` is one too, with J = 0 (both of J's parts scale by c^2). The solution
   is scaled per head so that its trace term ``tr(W_e^T W_r)`` is 1: unscaled it is the sum of the singular values
   (tens), and J on other batches than the calibration one moves with it, so that ``eta J^2`` would outweigh the LM
   loss; at trace 1 it stays of the order of the layer's own random initialisation.
+* **Data-dependent weights** (the bidirectional layer's default, ``W_{e|X} = f(X)^T W_e`` with ``f(X)`` ``(n, p)``
+  the n sampled layer inputs of a head and ``W_e`` ``(n, s)``): the stationary point above is a ``(p, s)`` matrix,
+  and the ``(n, s)`` coefficients are fitted to it by ridge least squares over the calibration sequences,
+  ``min sum_b ||f(X_b)^T W - W*||^2``, so that every sequence's weights are as close to it as the sampled tokens
+  allow. The layer's trace term reads the coefficients, not ``W_{e|X}``, so J is not zero there; ``Lambda`` is then
+  scaled by one factor, which sets J to zero on the batch when the coefficients' trace is positive (reported).
 * **Least squares**: with the scores fixed, the head output ``Linear(2s -> p)(scores)`` is linear in the map's
   weight and bias, so they are fitted in closed form to the teacher's per-head outputs (``softmax(q k^T) v`` of each
   head, before the output projection, which the student keeps). The hybrid's branch is fitted to the residual the
@@ -30,7 +36,14 @@ from torch import Tensor
 from ..attention.base import QKVAttention, RopeTables
 from ..attention.hybrid import HybridAttention
 from ..attention.primal import PrimalAttention
-from ..functional.primal import causal_prefix_mean, cosine_feature_map, ksvd_objective, primal_scores_from_input
+from ..functional.primal import (
+    causal_prefix_mean,
+    cosine_feature_map,
+    data_dependent_weights,
+    ksvd_objective,
+    primal_scores_from_input,
+    sample_tokens,
+)
 from ..theory.ksvd import primal_stationary_point
 
 __all__ = [
@@ -45,15 +58,15 @@ __all__ = [
 
 
 def _check_student(layer: Any) -> None:
-    if not isinstance(layer, PrimalAttention | HybridAttention) or not layer.causal:
-        raise TypeError(f"expected a causal primal or hybrid student layer, got {type(layer).__name__}")
+    if not isinstance(layer, PrimalAttention | HybridAttention):
+        raise TypeError(f"expected a primal or hybrid student layer, got {type(layer).__name__}")
     if isinstance(layer, HybridAttention) and not layer.has_branch:
         raise ValueError("this hybrid layer has no primal branch (primal_branch=False): nothing to initialise")
 
 
 def branch_features(layer: PrimalAttention | HybridAttention, x: Tensor, mask: Tensor | None) -> Tensor:
-    """The student's feature-mapped prefix means of q and k on the layer input ``x`` ``(B, N, C)``:
-    ``(B, N, 2, H, p)`` (``[:, :, 0]`` queries, ``[:, :, 1]`` keys)."""
+    """The student's feature-mapped q and k (their prefix means for a causal layer) on the layer input ``x``
+    ``(B, N, C)``: ``(B, N, 2, H, p)`` (``[:, :, 0]`` queries, ``[:, :, 1]`` keys)."""
     _check_student(layer)
     B, N, _ = x.shape
     H, p = layer.num_heads, layer.head_dim
@@ -64,7 +77,16 @@ def branch_features(layer: PrimalAttention | HybridAttention, x: Tensor, mask: T
         exact = mask
         q, k, _ = layer._qkv(x)  # (B, H, N, p) each
         qk = torch.stack((q, k), 1).permute(0, 3, 1, 2, 4)  # (B, 2, H, N, p) -> (B, N, 2, H, p)
-    return cosine_feature_map(causal_prefix_mean(qk, exact), layer.eps)
+    return cosine_feature_map(causal_prefix_mean(qk, exact) if layer.causal else qk, layer.eps)
+
+
+def _weights(layer: PrimalAttention | HybridAttention, x: Tensor, mask: Tensor | None) -> Tensor:
+    """``stack(W_e, W_r)`` as the layer's scores use them on ``x`` ``(B, N, C)``: ``(2, H, p, s)``, or
+    ``(B, 2, H, p, s)`` for data-dependent weights."""
+    w = torch.stack((layer.w_e, layer.w_r))  # (2, H, n or p, s)
+    if not getattr(layer, "data_dependent", False):
+        return w
+    return data_dependent_weights(sample_tokens(x, layer.n, mask, layer.padding), w)
 
 
 def branch_scores(layer: PrimalAttention | HybridAttention, x: Tensor, mask: Tensor | None) -> Tensor:
@@ -74,9 +96,8 @@ def branch_scores(layer: PrimalAttention | HybridAttention, x: Tensor, mask: Ten
         q, k, _ = layer._qkv(x)  # (B, H, N, D) each
         return layer.branch_scores(q, k, mask)
     exact = mask if layer.padding == "exact" else None
-    w = torch.stack((layer.w_e, layer.w_r))  # (2, H, p, s)
-    src = causal_prefix_mean(x, exact)  # (B, N, C): q, k are affine in x
-    return primal_scores_from_input(src, layer.qk.weight, layer.qk.bias, w, layer.eps)[0]
+    src = causal_prefix_mean(x, exact) if layer.causal else x  # (B, N, C): q, k are affine in x
+    return primal_scores_from_input(src, layer.qk.weight, layer.qk.bias, _weights(layer, x, mask), layer.eps)[0]
 
 
 def _tables(layer: QKVAttention, rope: RopeTables | None, x: Tensor) -> RopeTables | None:
@@ -97,13 +118,17 @@ def _real(mask: Tensor | None, B: int, N: int, device: torch.device) -> Tensor:
 
 
 @torch.no_grad()
-def ksvd_init(layer: PrimalAttention | HybridAttention, x: Tensor, mask: Tensor | None = None) -> dict[str, float]:
-    """Set ``W_e, W_r, Lambda`` of a causal primal layer (or hybrid branch) to the KSVD stationary point of its own
-    kernel on the calibration batch ``x`` ``(B, N, C)`` (real tokens by ``mask``).
+def ksvd_init(
+    layer: PrimalAttention | HybridAttention, x: Tensor, mask: Tensor | None = None, ridge: float = 1e-6
+) -> dict[str, float]:
+    """Set ``W_e, W_r, Lambda`` of a primal layer (or hybrid branch) to the KSVD stationary point of its own kernel
+    on the calibration batch ``x`` ``(B, N, C)`` (real tokens by ``mask``); data-dependent weights are fitted to it
+    (``ridge`` as :func:`least_squares_map`'s, see the module docstring).
 
     Returns:
-        ``{"tokens": T, "J": the layer's objective on the batch afterwards (global reduction: 0 up to rounding),
-        "sigma_max": largest singular value, "sigma_min": s-th}``.
+        ``{"tokens": T, "J": the layer's objective on the batch afterwards (global reduction: 0 up to rounding, for
+        weights that are not data-dependent), "sigma_max": largest singular value, "sigma_min": s-th}``, and for
+        data-dependent weights ``"weights_residual"``: the fit's ``sum ||f(X_b)^T W - W*||^2 / (B ||W*||^2)``.
     """
     phi = branch_features(layer, x, mask)  # (B, N, 2, H, p)
     real = _real(mask, x.shape[0], x.shape[1], x.device)
@@ -113,18 +138,57 @@ def ksvd_init(layer: PrimalAttention | HybridAttention, x: Tensor, mask: Tensor 
         raise ValueError(f"the calibration batch has {T} real tokens; the KSVD initialisation needs at least p={p}")
     if s > p:
         raise ValueError(f"s={s} exceeds the head width p={p}: the kernel has rank at most p")
-    sig = []
+    sig, targets = [], []
     for h in range(layer.num_heads):
         w_e, w_r, sigma, lam = primal_stationary_point(flat[:, 0, h].double(), flat[:, 1, h].double(), s)
         c = sigma.sum().rsqrt()  # the trace term tr(W_e^T W_r) becomes 1 (see the module docstring)
-        layer.w_e[h].copy_(c * w_e)
-        layer.w_r[h].copy_(c * w_r)
+        targets.append(torch.stack((c * w_e, c * w_r)))  # (2, p, s)
         layer.lam[h].copy_(lam)
         sig.append(sigma)
     sig = torch.stack(sig)  # (H, s)
+    target = torch.stack(targets, 1)  # (2, H, p, s)
+    info: dict[str, float] = {"tokens": int(T), "sigma_max": float(sig.max()), "sigma_min": float(sig[:, -1].min())}
+    if getattr(layer, "data_dependent", False):
+        info["weights_residual"] = _fit_data_dependent(layer, x, mask, phi, target, ridge)
+    else:
+        layer.w_e.copy_(target[0])
+        layer.w_r.copy_(target[1])
     scores = branch_scores(layer, x, mask)
     j = ksvd_objective_global(layer, scores, mask)
-    return {"tokens": int(T), "J": float(j), "sigma_max": float(sig.max()), "sigma_min": float(sig[:, -1].min())}
+    if getattr(layer, "data_dependent", False):
+        trace = float((layer.w_e.double() * layer.w_r.double()).sum() / layer.num_heads)
+        energy = float(j) + trace  # J = energy - trace, and the energy scales with Lambda^2
+        if trace > 0 and energy > 0:
+            layer.lam.mul_((trace / energy) ** 0.5)
+            j = ksvd_objective_global(layer, scores, mask)
+    info["J"] = float(j)
+    return info
+
+
+def _fit_data_dependent(
+    layer: PrimalAttention, x: Tensor, mask: Tensor | None, phi: Tensor, target: Tensor, ridge: float
+) -> float:
+    """Fit the ``(H, n, s)`` coefficients of data-dependent ``W_e, W_r`` so that every calibration token's scores,
+    ``phi(q_i)^T f(X_b)^T W``, are those of the ``(2, H, p, s)`` ``target`` weights, ``phi(q_i)^T W*`` (ridge least
+    squares per head, over the real tokens; ``phi`` ``(B, N, 2, H, p)``). Returns the relative residual."""
+    samples = sample_tokens(x, layer.n, mask, layer.padding).double()  # (B, n, C)
+    B, n, _ = samples.shape
+    H, p = layer.num_heads, layer.head_dim
+    f = samples.view(B, n, H, p)  # (B, n, C) -> (B, n, H, p)
+    real = _real(mask, B, x.shape[1], x.device).double()  # (B, N)
+    phi = phi.double() * real[:, :, None, None, None]  # padded tokens out of the fit
+    a = torch.einsum("bithp,bmhp->tbihm", phi, f)  # (2, B, N, H, n): each token's design row
+    y = torch.einsum("bithp,thps->tbihs", phi, target.double())  # (2, B, N, H, s): the target scores
+    gram = torch.einsum("tbihm,tbihk->thmk", a, a)  # (2, H, n, n)
+    rhs = torch.einsum("tbihm,tbihs->thms", a, y)  # (2, H, n, s)
+    scale = gram.diagonal(dim1=-2, dim2=-1).mean(-1).clamp_min(1e-30)  # (2, H)
+    eye = torch.eye(n, dtype=gram.dtype, device=gram.device)
+    coef = torch.linalg.solve(gram + ridge * scale[..., None, None] * eye, rhs)  # (2, H, n, s)
+    fitted = torch.einsum("tbihm,thms->tbihs", a, coef)  # (2, B, N, H, s)
+    residual = (fitted - y).square().sum() / y.square().sum().clamp_min(1e-30)
+    layer.w_e.copy_(coef[0])
+    layer.w_r.copy_(coef[1])
+    return float(residual)
 
 
 def ksvd_objective_global(layer: PrimalAttention | HybridAttention, scores: Tensor, mask: Tensor | None) -> Tensor:

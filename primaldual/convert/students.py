@@ -2,17 +2,21 @@
 
 Students (what each is, in the papers' terms):
 
-* ``primal``: the causal Primal-Attention layer of Chen et al. (2023) as it is (the official fairseq design: prefix
-  means of q and k, the cosine feature map, data-independent ``W_e, W_r``). Converting the last layer of a
-  Transformer gives Primal.+; converting every layer gives PrimalFormer. It keeps the teacher's query, key and
-  output projections (it has no values).
+* ``primal``: the Primal-Attention layer of Chen et al. (2023) as it is, causal or not as the teacher layer is. Causal:
+  the official fairseq design (prefix means of q and k, the cosine feature map, data-independent ``W_e, W_r``).
+  Bidirectional (an encoder: a classifier, a ViT, BERT): the layer of the time-series / LRA / vision code, with
+  data-dependent ``W_{e|X} = f(X)^T W_e`` by default (``data_dependent=False`` gives plain ``(p, s)`` weights).
+  Converting the last layer of a Transformer gives Primal.+; converting every layer gives PrimalFormer. It keeps
+  the teacher's query, key and output projections (it has no values).
 * ``hybrid``: :class:`~primaldual.attention.hybrid.HybridAttention`, an extension of ours: the teacher's exact
   softmax on a sliding window plus sink tokens, and a primal branch gated per head. It keeps all four projections.
+  Causal teachers only (the window looks back).
 * ``window``: the same layer without its primal branch (the window-only ablation of ``hybrid``); nothing new to train.
 
 :func:`swap_attention` copies a model and replaces the self-attention of the chosen layers by a student built from
 the teacher layer's projections (:func:`~primaldual.integrations.torch_nn.attention_from_projections`); the teacher
-is not modified. It works on every model whose blocks are :class:`~primaldual.encoder.EncoderBlock` (``CausalLM``).
+is not modified. It works on every model with one stack of :class:`~primaldual.encoder.EncoderBlock`: ``CausalLM``
+and the classifiers (time series, LRA, vision).
 """
 
 from __future__ import annotations
@@ -28,9 +32,12 @@ from ..attention.base import AttentionLayer, QKVAttention
 from ..attention.hybrid import HybridAttention
 from ..attention.primal import PrimalAttention
 from ..attention.registry import attention_options
+from ..encoder import Encoder
 from ..integrations.torch_nn import attention_from_projections, resolve_layer_indices
 
 __all__ = [
+    "BIDIRECTIONAL_DEFAULTS",
+    "BIDIRECTIONAL_STUDENTS",
     "STUDENTS",
     "check_student",
     "find_blocks",
@@ -47,24 +54,41 @@ STUDENTS: dict[str, tuple[str, dict[str, Any]]] = {
     "window": ("hybrid", {"primal_branch": False}),
 }
 
+#: the students a bidirectional (non-causal) teacher converts into
+BIDIRECTIONAL_STUDENTS = ("primal",)
+
+#: the options a bidirectional student gets unless given: data-independent W_e, W_r, for which the KSVD
+#: initialisation is exact (J = 0) and carries to other sequences; the data-dependent coefficients can only be
+#: fitted to it (docs/conversion.md, "Bidirectional models")
+BIDIRECTIONAL_DEFAULTS: dict[str, Any] = {"data_dependent": False}
+
 
 def find_blocks(model: nn.Module) -> nn.ModuleList:
-    """The ``EncoderBlock`` list of a primaldual model (``model.decoder.blocks`` of a ``CausalLM``)."""
-    for name in ("decoder", "encoder"):
-        stack = getattr(model, name, None)
-        if stack is not None and isinstance(getattr(stack, "blocks", None), nn.ModuleList):
-            return stack.blocks
+    """The ``EncoderBlock`` list of a primaldual model: its one :class:`~primaldual.encoder.Encoder` stack
+    (``model.decoder.blocks`` of a ``CausalLM``, ``model.encoder.blocks`` of a classifier)."""
+    stacks = [m for m in model.modules() if isinstance(m, Encoder)]
+    if len(stacks) == 1:
+        return stacks[0].blocks
+    got = "no stack" if not stacks else f"{len(stacks)} stacks"
     raise TypeError(
-        f"model must be a primaldual model with a decoder (or encoder) stack of blocks, such as CausalLM; got "
-        f"{type(model).__name__}. For a Hugging Face model use primaldual.integrations.hf.convert"
+        f"model must be a primaldual model with one stack of blocks (primaldual.encoder.Encoder), such as CausalLM or "
+        f"a classifier; {type(model).__name__} has {got}. For a Hugging Face model use "
+        "primaldual.integrations.hf.convert"
     )
 
 
-def check_student(student: str, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-    """``(mechanism, the options the student fixes)``; an unknown student, or ``options`` setting a fixed one, is an
-    error."""
+def check_student(
+    student: str, options: dict[str, Any] | None = None, causal: bool = True
+) -> tuple[str, dict[str, Any]]:
+    """``(mechanism, the options the student fixes)``; an unknown student, ``options`` setting a fixed one, or a
+    causal-only student for a bidirectional teacher (``causal=False``) is an error."""
     if student not in STUDENTS:
         raise ValueError(f"student must be one of {', '.join(map(repr, STUDENTS))}, got {student!r}")
+    if not causal and student not in BIDIRECTIONAL_STUDENTS:
+        raise ValueError(
+            f"student {student!r} is causal only (its window looks back); a bidirectional teacher converts to "
+            f"{' or '.join(map(repr, BIDIRECTIONAL_STUDENTS))}"
+        )
     name, fixed = STUDENTS[student]
     for key in fixed:
         if key in (options or {}):
@@ -73,20 +97,23 @@ def check_student(student: str, options: dict[str, Any] | None = None) -> tuple[
 
 
 def student_layer(teacher: QKVAttention, student: str, **options: Any) -> AttentionLayer:
-    """A student attention built from the trained softmax layer ``teacher`` (causal), its projections copied.
+    """A student attention built from the trained softmax layer ``teacher``, its projections copied; causal as the
+    teacher is.
 
     Args:
-        teacher: a causal :class:`~primaldual.attention.base.QKVAttention` (softmax).
-        student: ``"primal"``, ``"hybrid"`` or ``"window"``.
-        options: the student mechanism's options (``s``, ``eta``, ``ksvd_reduction``; ``window``, ``sinks`` for the
-            hybrid).
+        teacher: a :class:`~primaldual.attention.base.QKVAttention` (softmax), causal or bidirectional.
+        student: ``"primal"``, ``"hybrid"`` or ``"window"`` (the last two for a causal teacher only).
+        options: the student mechanism's options (``s``, ``eta``, ``ksvd_reduction``; ``data_dependent``, ``n``,
+            ``rank_multi``, ``max_len`` for a bidirectional primal student; ``window``, ``sinks`` for the hybrid).
     """
-    name, fixed = check_student(student, options)
-    if not isinstance(teacher, QKVAttention) or not teacher.causal:
+    if not isinstance(teacher, QKVAttention) or isinstance(teacher, HybridAttention):
         raise TypeError(
-            f"the teacher layer must be a causal softmax-family attention with a fused qkv projection, got "
-            f"{type(teacher).__name__} (causal={getattr(teacher, 'causal', None)})"
+            f"the teacher layer must be a softmax-family attention with a fused qkv projection, got "
+            f"{type(teacher).__name__}"
         )
+    name, fixed = check_student(student, options, teacher.causal)
+    if not teacher.causal:
+        options = {**BIDIRECTIONAL_DEFAULTS, **options}
     inner = teacher.inner_dim
     w, b = teacher.qkv.weight, teacher.qkv.bias
 
@@ -111,7 +138,7 @@ def student_layer(teacher: QKVAttention, student: str, **options: Any) -> Attent
         k=part(1),
         v=part(2),
         out=(teacher.proj.weight, teacher.proj.bias),
-        causal=True,
+        causal=teacher.causal,
         attn_drop=teacher.attn_drop,
         proj_drop=teacher.proj_drop.p,
         scale=getattr(teacher, "scale", None),
@@ -136,13 +163,15 @@ def new_parameters(layer: nn.Module) -> list[nn.Parameter]:
 
 
 def student_plan(
-    depth: int, student: str, layers: Sequence[int], base: str = "softmax", **options: Any
+    depth: int, student: str, layers: Sequence[int], base: str = "softmax", *, causal: bool = True, **options: Any
 ) -> tuple[list[str], list[dict[str, Any] | None]]:
     """The per-layer attention names and options of the converted model (for a config's ``model.attention`` and
-    ``model.attention_options``): ``layers`` (resolved indices) are the student, the others stay ``base``."""
-    name, fixed = check_student(student)
+    ``model.attention_options``): ``layers`` (resolved indices) are the student, the others stay ``base``; a
+    bidirectional model's students (``causal=False``) get :data:`BIDIRECTIONAL_DEFAULTS` unless given."""
+    name, fixed = check_student(student, options, causal)
+    own = {**fixed, **options} if causal else {**BIDIRECTIONAL_DEFAULTS, **fixed, **options}
     names = [name if i in layers else base for i in range(depth)]
-    opts = [{**fixed, **options} if i in layers else None for i in range(depth)]
+    opts = [dict(own) if i in layers else None for i in range(depth)]
     return names, opts
 
 
@@ -152,7 +181,8 @@ def swap_attention(
     """A copy of ``model`` with the self-attention of ``layers`` replaced by ``student`` (teacher weights copied).
 
     Args:
-        model: a primaldual model whose chosen blocks hold causal softmax attention (a trained ``CausalLM``).
+        model: a primaldual model whose chosen blocks hold softmax attention (a trained ``CausalLM`` or
+            classifier); each student is causal as the layer it replaces.
         student: ``"primal"``, ``"hybrid"`` or ``"window"``.
         layers: block indices (negative from the end) or ``"all"``.
         options: the student's mechanism options.

@@ -30,46 +30,71 @@ __all__ = ["TransferState", "attention_transfer", "layer_losses", "teacher_atten
 
 @torch.no_grad()
 def teacher_attention_io(
-    teacher: nn.Module, ids: Tensor, mask: Tensor | None, layers: Sequence[int]
-) -> list[tuple[Tensor, Tensor]]:
+    teacher: nn.Module, inputs: Tensor, mask: Tensor | None, layers: Sequence[int], *, masks: bool = False
+) -> list[tuple[Tensor, ...]]:
     """The teacher's attention input ``(B, N, C)`` and output ``(B, N, C)`` at each of ``layers``, from one forward
-    in eval mode (the teacher's mode is restored; its parameters are not touched)."""
+    in eval mode (the teacher's mode is restored; its parameters are not touched).
+
+    Args:
+        teacher: a primaldual model, called as ``teacher(inputs, mask)`` (``teacher(inputs)`` when ``mask`` is None).
+        inputs: its first argument: token ids ``(B, N)``, features ``(B, N, F)`` or images ``(B, C, H, W)``.
+        mask: ``(B, N)`` bool, True = real token, or None.
+        masks: also return the key mask each layer was given (a classifier's stack may see another length than
+            ``inputs``, e.g. with a class token): items ``(x, y, None, mask)``, the form :func:`layer_losses` reads
+            (the third place holds rotary tables, which primaldual blocks apply inside the layer).
+    """
     blocks = find_blocks(teacher)
-    seen: dict[int, tuple[Tensor, Tensor]] = {}
+    seen: dict[int, tuple[Tensor, Tensor, Tensor | None]] = {}
     hooks = []
     for i in layers:
 
-        def hook(module: nn.Module, args: tuple, out: Any, i: int = i) -> None:
-            seen[i] = (args[0].detach(), (out[0] if isinstance(out, tuple) else out).detach())
+        def hook(module: nn.Module, args: tuple, kwargs: dict, out: Any, i: int = i) -> None:
+            if i in seen:
+                raise ValueError(
+                    f"block {i} ran twice in one forward of {type(teacher).__name__} (a tower shared by two inputs, "
+                    "as LRA retrieval's): the transfer reads one call per layer"
+                )
+            m = args[1] if len(args) > 1 else kwargs.get("mask")
+            y = out[0] if isinstance(out, tuple) else out
+            seen[i] = (args[0].detach(), y.detach(), m)
 
-        hooks.append(blocks[i].attn.register_forward_hook(hook))
+        hooks.append(blocks[i].attn.register_forward_hook(hook, with_kwargs=True))
     was = teacher.training
     teacher.eval()
     try:
-        teacher(ids, mask)
+        teacher(inputs) if mask is None else teacher(inputs, mask)
     finally:
         teacher.train(was)
         for h in hooks:
             h.remove()
-    return [seen[i] for i in layers]
+    return [(x, y, None, m) if masks else (x, y) for x, y, m in (seen[i] for i in layers)]
 
 
 def layer_losses(students: Sequence[nn.Module], io: Sequence[tuple[Tensor, ...]], mask: Tensor | None) -> Tensor:
     """Per-layer normalised output errors ``(L,)`` of the students run on the teacher's inputs (with gradients).
 
-    ``io`` holds ``(x, target)`` or ``(x, target, rope)`` per layer; ``rope`` (the teacher's rotary tables, or None)
-    is handed to students that take it (``capabilities.rope``)."""
+    ``io`` holds ``(x, target)``, ``(x, target, rope)`` or ``(x, target, rope, layer_mask)`` per layer; ``rope``
+    (the teacher's rotary tables, or None) is handed to students that take it (``capabilities.rope``);
+    ``layer_mask``, where given, is the key mask of that layer in place of ``mask``."""
     losses = []
     for layer, item in zip(students, io, strict=True):
-        x, target, rope = (*item, None)[:3]
+        x, target = item[0], item[1]
+        rope = item[2] if len(item) > 2 else None
+        m = item[3] if len(item) > 3 else mask
         kw = {"rope": rope} if rope is not None and type(layer).capabilities.rope else {}
-        y = layer(x, mask, **kw)  # (B, N, C); zero at padded tokens, as the teacher's output
+        y = layer(x, m, **kw)  # (B, N, C); zero at padded tokens, as the teacher's output
         losses.append((y - target).square().sum() / target.square().sum().clamp_min(1e-30))
     return torch.stack(losses)
 
 
 IOFn = Callable[[nn.Module, Tensor, Tensor | None, Sequence[int]], list[tuple[Tensor, ...]]]
 LayersFn = Callable[[nn.Module, Sequence[int]], list[nn.Module]]
+
+
+def _primaldual_io(
+    teacher: nn.Module, inputs: Tensor, mask: Tensor | None, layers: Sequence[int]
+) -> list[tuple[Tensor, ...]]:
+    return teacher_attention_io(teacher, inputs, mask, layers, masks=True)
 
 
 def _primaldual_layers(model: nn.Module, layers: Sequence[int]) -> list[nn.Module]:
@@ -98,7 +123,7 @@ def attention_transfer(
     log_every: int = 10,
     on_log: Callable[[dict[str, float]], None] | None = None,
     on_step: Callable[[TransferState, torch.optim.Optimizer], None] | None = None,
-    io_fn: IOFn = teacher_attention_io,
+    io_fn: IOFn = _primaldual_io,
     layers_fn: LayersFn = _primaldual_layers,
 ) -> TransferState:
     """Train the new parameters of ``student``'s converted ``layers`` to reproduce ``teacher``'s attention outputs.
@@ -106,7 +131,8 @@ def attention_transfer(
     Args:
         teacher, student: the trained model and its converted copy (:func:`~primaldual.convert.swap_attention`).
         layers: the converted block indices.
-        batches: ``(ids (B, N), mask (B, N) bool or None)``, at least ``steps - state.step`` of them.
+        batches: ``(inputs, mask (B, N) bool or None)``, at least ``steps - state.step`` of them: ``inputs`` is the
+            teacher's first argument (token ids ``(B, N)``, features, images; see :func:`teacher_attention_io`).
         steps: total updates (a resumed ``state`` continues from its step).
         lr: Adam's learning rate (when no ``optimizer`` is given).
         optimizer: an optimiser over the new parameters (to resume one); default Adam.

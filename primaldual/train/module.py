@@ -76,6 +76,11 @@ class ClassificationModule(L.LightningModule):
         task, loss, aux, acc = self._losses(batch)
         return loss, task, aux, acc
 
+    def training_inputs(self, batch: tuple[Tensor, ...], generator: torch.Generator) -> tuple[Tensor, ...]:
+        """The model's inputs for a training batch ``(*inputs, y)`` as the training step feeds them (after any batch
+        augmentation, drawn from ``generator``): what a conversion's stage 1 runs the teacher on."""
+        return tuple(batch[:-1])
+
     def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
         loss, task, aux, acc = self.training_loss(batch, batch_idx)
         self.log_train(loss, task, aux, acc, batch[-1].shape[0])

@@ -102,3 +102,63 @@ def test_llama_layout_types_convert_with_the_initialisation(name):
     torch.testing.assert_close(_logits(model, ids), _logits(teacher, ids), rtol=0, atol=1e-5)
     _, report = convert_hf(teacher, "hybrid", "all", batches=_batches(), steps=1, log_every=1, window=64, sinks=1, s=4)
     assert report["history"][0]["loss"] < 1e-10
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# bidirectional encoders: BERT's post-norm block, ViT's images (a batch as a mapping of the model's inputs)
+
+
+def _token_batches(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    while True:
+        ids = torch.randint(2, 50, (8, 12), generator=g)
+        mask = torch.ones_like(ids)
+        mask[::2, 8:] = 0
+        yield ids.masked_fill(mask == 0, 1), mask
+
+
+@pytest.mark.parametrize("name", ["bert", "distilbert"])
+def test_an_encoders_recorded_output_is_its_attention_before_the_residual_and_norm(name):
+    """BERT's replaced module returns norm(attention + x): the transfer target is the attention alone, which the
+    teacher's own layer rebuilt as a primaldual softmax layer gives on the recorded input."""
+    from primaldual.convert.hf import hf_teacher_layer
+
+    teacher = tiny(name)
+    ids, mask = next(_token_batches())
+    ((x, y, rope),) = hf_attention_io(teacher, ids, mask, [1])
+    assert rope is None
+    expected = hf_teacher_layer(teacher, 1)(x, mask.bool())
+    torch.testing.assert_close(y, expected.masked_fill(~mask.bool()[..., None], 0.0), rtol=0, atol=1e-5)
+
+
+def test_bert_converts_to_a_bidirectional_primal_student_and_stage_one_lowers_its_error():
+    teacher = tiny("bert")
+    model, report = convert_hf(teacher, "primal", "all", batches=_token_batches(), steps=20, lr=3e-3, log_every=5, s=4)
+    layers = hf_student_layers(model, [0, 1])
+    assert all(not layer.causal and not layer.data_dependent for layer in layers)
+    assert all(abs(report["init"][i]["J"]) < 1e-6 for i in (0, 1))
+    assert report["history"][-1]["loss"] < report["history"][0]["loss"] < 1
+    ids, mask = next(_token_batches(3))
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert out.shape == (8, 12, 32) and torch.isfinite(out).all()
+
+
+def test_a_vision_transformer_converts_from_batches_of_pixel_values():
+    teacher = tiny("vit")
+    g = torch.Generator().manual_seed(0)
+    images = ({"pixel_values": torch.randn(4, 3, 16, 16, generator=g)} for _ in range(8))
+    model, report = convert_hf(teacher, "primal", [-1], batches=images, steps=4, log_every=2, s=4, data_dependent=True)
+    layer = hf_student_layers(model, [1])[0]
+    assert layer.data_dependent and layer.n == 40  # s * rank_multi: sampled positions repeat over the 17 tokens
+    assert "weights_residual" in report["init"][1] and len(report["history"]) == 3
+
+
+def test_encoders_refuse_window_students_and_malformed_batches():
+    teacher = tiny("bert")
+    with pytest.raises(ValueError, match="student 'hybrid' is causal only"):
+        convert_hf(teacher, "hybrid", [-1], batches=_token_batches())
+    with pytest.raises(TypeError, match="batches: each batch is"):
+        convert_hf(teacher, "primal", [-1], batches=iter([torch.zeros(2, 3, dtype=torch.long)]), s=4)
+    with pytest.raises(ValueError, match="carries its own attention_mask"):
+        hf_attention_io(teacher, {"input_ids": torch.ones(2, 3, dtype=torch.long)}, torch.ones(2, 3), [0])

@@ -9,7 +9,10 @@ from pathlib import Path
 
 from ...utils.cli import FORMATTER, examples
 from ...utils.errors import ConfigError
-from .convert_configs import convert_config_names
+from ..convert_configs import convert_config_names
+
+#: the conversion config of a language-model teacher when none is given
+LM_DEFAULT = "lm/english/convert/primal_plus"
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -60,12 +63,30 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             f"TEACHER {args.teacher}: not found (a primaldual run directory, a save_pretrained directory, a .gguf "
             "file, or smollm2)"
         )
+    run = dict(overrides=pairs, seed=args.seed, run_dir=args.run_dir, fresh=args.fresh)
     if is_hf_teacher(args.teacher):
-        conv = load_convert_config(args.config, pairs)
-        convert_hf_run(args.teacher, conv, args.config, seed=args.seed, run_dir=args.run_dir, fresh=args.fresh)
-        return 0
-    convert_run(args.teacher, args.config, overrides=pairs, seed=args.seed, run_dir=args.run_dir, fresh=args.fresh)
+        config = args.config or LM_DEFAULT
+        conv = load_convert_config(config, pairs)
+        convert_hf_run(args.teacher, conv, config, seed=args.seed, run_dir=args.run_dir, fresh=args.fresh)
+    elif _run_task(Path(args.teacher)) in (None, "lm"):  # (convert_run names what is wrong with a run)
+        convert_run(args.teacher, args.config or LM_DEFAULT, **run)
+    else:  # a classifier: uea, vision, the one-input LRA tasks
+        from ..convert_classifier import convert_classifier_run
+
+        convert_classifier_run(args.teacher, args.config, **run)
     return 0
+
+
+def _run_task(run_dir: Path) -> str | None:
+    """The task a run directory's ``config.yaml`` names, read without validating it (None where it cannot be read):
+    which conversion takes the run."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return raw.get("task") if isinstance(raw, dict) and isinstance(raw.get("task"), str) else None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -125,7 +146,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_export)
     p = subparsers.add_parser(
         "convert",
-        help="convert a trained softmax LM (a run, or a Hugging Face model) to primal attention",
+        help="convert a trained softmax model (an LM or classifier run, or a Hugging Face LM) to primal attention",
         formatter_class=FORMATTER,
         allow_abbrev=False,
         epilog=examples(
@@ -135,27 +156,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "# swap and finetune",
             "primaldual convert smollm2 -c lm/english/convert/smollm2_primal_plus --run-dir runs/smollm2_pp",
             "primaldual convert ./my-llama -c lm/english/convert/smollm2_hybrid --data.text notes.txt",
-            note="TEACHER is a primaldual run of a softmax CausalLM, or a Hugging Face causal LM: a save_pretrained "
-            "directory, a .gguf file, or smollm2. The conversion config (student, layers, options, init, stage1 / "
-            "stage2 budgets in tokens; data: the text, for a Hugging Face teacher) is a shipped name "
-            f"lm/<corpus>/convert/<name> ({', '.join(convert_config_names())}) or a YAML path; --key value "
-            "overrides it. A run's conversion directory is "
-            "an ordinary run's (resume, generate, test) plus convert.yaml and convert/ (stage 1); a Hugging Face "
-            "one holds model/ (save_pretrained) and summary.json. See docs/conversion.md.",
+            "primaldual convert runs/vision/fashion_mnist/deit_reduced-heldout-seed0-*  "
+            "# a classifier: vision/fashion_mnist/convert/primal_plus",
+            note="TEACHER is a primaldual run of a softmax CausalLM or classifier (uea, vision, one-input lra), or a "
+            "Hugging Face causal LM: a save_pretrained directory, a .gguf file, or smollm2. The conversion config "
+            "(student, layers, options, init, stage1 / stage2 budgets: in tokens for an LM; in steps and run-config "
+            "overrides for a classifier; data: the text, for a Hugging Face teacher) is a shipped name "
+            f"<family>/<dataset>/convert/<name> ({', '.join(convert_config_names())}) or a YAML path (default: "
+            f"{LM_DEFAULT} for an LM, the dataset's primal_plus for a classifier); --key value overrides it. A run's "
+            "conversion directory is an ordinary run's (resume, test, generate for an LM) plus convert.yaml and "
+            "convert/ (stage 1); a Hugging Face one holds model/ (save_pretrained) and summary.json. See "
+            "docs/conversion.md.",
         ),
     )
     p.add_argument(
         "teacher",
         metavar="TEACHER",
-        help="a finished `primaldual fit` run of a softmax CausalLM, or a Hugging Face causal LM (a save_pretrained "
-        "directory, a .gguf file, smollm2)",
+        help="a finished `primaldual fit` run of a softmax CausalLM or classifier, or a Hugging Face causal LM (a "
+        "save_pretrained directory, a .gguf file, smollm2)",
     )
-    p.add_argument("--config", "-c", default="lm/english/convert/primal_plus", help="conversion config name or path")
+    p.add_argument(
+        "--config",
+        "-c",
+        default=None,
+        help=f"conversion config name or path (default {LM_DEFAULT}; a classifier's: its dataset's primal_plus)",
+    )
     p.add_argument("--seed", type=int, default=0, help="the conversion's seed (default 0)")
     p.add_argument(
         "--run-dir",
         default=None,
-        help="run directory (default runs/lm/<dataset>/<name>-...; a Hugging Face teacher's: "
+        help="run directory (default runs/<task>/<dataset>/<name>-...; a Hugging Face teacher's: "
         "runs/convert/<teacher>-<config>-seed<N>)",
     )
     p.add_argument(

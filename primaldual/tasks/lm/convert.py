@@ -27,26 +27,23 @@ does. ``summary.json`` gains a ``convert`` section (the tokens of each stage, th
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import yaml
 
 from ...options import check_int, check_number
-from ...train.checkpoints import load_checkpoint
 from ...train.config import ConfigError, RunConfig, apply_overrides
-from ...train.rundir import run_config
 from ...train.validate import validate_config
-from ...train.yaml_values import load_yaml
-from ...utils.io import atomic_write_bytes, atomic_write_json, atomic_write_text
-from .convert_configs import convert_config_names, shipped_convert_config
+from ...utils.io import atomic_write_json, atomic_write_text
+from ..conversion import CONVERT_ENTRIES, find_convert_config, run_stage1
+from ..conversion import load_convert_config as load_config
+from ..conversion import load_teacher as load_run_teacher
 
 __all__ = [
     "CONVERT_ENTRIES",
@@ -58,9 +55,6 @@ __all__ = [
     "student_config",
     "train_batches",
 ]
-
-#: what a conversion adds to a run directory (primaldual's own entries there)
-CONVERT_ENTRIES = ("convert.yaml", "convert")
 
 
 @dataclass
@@ -90,6 +84,8 @@ class Stage2:
 @dataclass
 class ConvertConfig:
     """A conversion (see the module docstring)."""
+
+    SECTIONS: ClassVar[dict[str, type]] = {"stage1": Stage1, "stage2": Stage2}
 
     student: str = "primal"
     layers: Any = field(default_factory=lambda: [-1])
@@ -147,89 +143,15 @@ class ConvertConfig:
         return d
 
 
-def _build(values: Any, where: str) -> ConvertConfig:
-    if not isinstance(values, dict):
-        raise ConfigError(f"{where}: a conversion config is a mapping, got {type(values).__name__}")
-    known = {f for f in ConvertConfig.__dataclass_fields__}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(known))}")
-    kw = dict(values)
-    for name, cls in (("stage1", Stage1), ("stage2", Stage2)):
-        sub = kw.get(name, {})
-        if not isinstance(sub, dict):
-            raise ConfigError(f"{where}: {name} must be a mapping, got {sub!r}")
-        bad = sorted(set(sub) - set(cls.__dataclass_fields__))
-        if bad:
-            raise ConfigError(
-                f"{where}: unknown key(s) {name}.{', '.join(bad)}; valid: {', '.join(cls.__dataclass_fields__)}"
-            )
-        kw[name] = cls(**sub)
-    try:
-        return ConvertConfig(**kw).validate()
-    except ConfigError as e:
-        raise ConfigError(f"{where}: {e}") from None
-
-
-def find_convert_config(spec: str) -> Path:
-    """A conversion config: a YAML path, or a shipped name ``lm/<corpus>/convert/<name>``."""
-    path = Path(spec)
-    if path.suffix in (".yaml", ".yml"):
-        if not path.is_file():
-            raise FileNotFoundError(f"--config: {path} not found")
-        return path
-    if (shipped := shipped_convert_config(spec)) is not None:
-        return shipped
-    names = ", ".join(convert_config_names())
-    raise ConfigError(f"--config: no conversion config {spec!r}; shipped: {names} (or a .yaml path)")
-
-
 def load_convert_config(spec: str, overrides: list[tuple[str, Any]] = ()) -> ConvertConfig:
     """Read a conversion config and apply ``(dotted key, value)`` overrides."""
-    path = find_convert_config(spec)
-    try:
-        values = load_yaml(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    for key, value in overrides:  # each key checked as the flag it came from, not as a key of the file
-        top, _, sub = key.partition(".")
-        fields = ConvertConfig.__dataclass_fields__
-        section = {"stage1": Stage1, "stage2": Stage2}.get(top)
-        if top not in fields or (
-            section is not None and sub and sub.partition(".")[0] not in section.__dataclass_fields__
-        ):
-            valid = ", ".join(f"{top}.{f}" for f in section.__dataclass_fields__) if section else ", ".join(fields)
-            raise ConfigError(f"--{key}: not a key of the conversion config; valid: {valid}")
-        node, parts = values, key.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"--{key}: {part!r} is not a section")
-        node[parts[-1]] = value
-    return _build(values, str(path))
+    return load_config(spec, overrides, ConvertConfig)
 
 
 # ------------------------------------------------------------------------------------------------------------------
 def load_teacher(teacher_dir: Path) -> tuple[RunConfig, Any, Any, dict[str, Any]]:
     """The teacher's config, data module, Lightning module (best weights loaded) and summary."""
-    from ...train.checkpoints import check_fits
-    from ..base import get_task
-
-    tcfg = run_config(teacher_dir)
-    if tcfg.model.resolved_kind(tcfg.task) != "lm":  # the CausalLM kind (task lm's)
-        raise ConfigError(f"{teacher_dir}: the teacher must be a CausalLM run (task lm, model.kind lm)")
-    ckpt = teacher_dir / "checkpoints" / "best.ckpt"
-    state = load_checkpoint(ckpt)
-    task = get_task("lm")
-    dm = task.datamodule(tcfg)
-    dm.prepare_data()
-    dm.setup("fit")
-    module = task.module(tcfg, dm)
-    check_fits(module, state, ckpt, str(teacher_dir / "config.yaml"))
-    module.load_state_dict(state["state_dict"])
-    summary_path = teacher_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    return tcfg, dm, module, summary
+    return load_run_teacher(teacher_dir, "lm")  # the CausalLM kind (task lm's)
 
 
 def student_config(tcfg: RunConfig, conv: ConvertConfig, name: str, seed: int, tokens_per_update: int) -> RunConfig:
@@ -274,88 +196,12 @@ def train_batches(dm: Any, batch_size: int, seed: int):
 def _stage1(
     conv: ConvertConfig, teacher: Any, model: Any, dm: Any, cfg: RunConfig, run_dir: Path, verbose: bool
 ) -> None:
-    """Swap, initialise and run stage 1, then load the result into ``model`` and write ``convert/``.
-
-    Every logged step (a tenth of stage 1) writes ``convert/stage1.partial.pt``: the student, Adam's state, the
-    progress and the random state. A killed stage 1 continues from there, on the same batches (the seeded stream,
-    skipped to its place), to the same result as an uninterrupted one."""
-    from ...convert import (
-        TransferState,
-        attention_transfer,
-        find_blocks,
-        initialise_students,
-        new_parameters,
-        swap_attention,
-    )
-
-    out = run_dir / "convert"
-    saved, partial = out / "stage1.pt", out / "stage1.partial.pt"
-    if saved.is_file():
-        model.load_state_dict(load_checkpoint(saved, weights_key=None))
-        return
-    out.mkdir(exist_ok=True)
-    torch.manual_seed(cfg.seed)
-    student, chosen = swap_attention(teacher, conv.student, conv.layers, **conv.options)
+    """Swap, initialise and run stage 1 on the seeded training chunks (:func:`~primaldual.tasks.conversion.run_stage1`)."""
     B = cfg.data.batch_size
-    batches = train_batches(dm, B, cfg.seed)
-    report: dict[str, Any] = {"layers": chosen, "init": conv.init, "init_figures": {}, "tokens": 0}
     steps = math.ceil(conv.stage1.tokens / (B * cfg.data.max_len)) if conv.stage1.tokens else 0
-    resume = load_checkpoint(partial, weights_key="student") if steps and partial.is_file() else None
-    if conv.init == "teacher" and conv.student != "window":
-        calib = [next(batches)[0] for _ in range(conv.calibration_batches)]
-        if resume is None:
-            report["init_figures"] = initialise_students(teacher, student, chosen, torch.cat(calib), None)
-    rows: list[dict[str, float]] = []
-    if steps:
-
-        def log(row: dict[str, float]) -> None:
-            if verbose:
-                per = " ".join(f"{k.split('/')[1]} {v:.4f}" for k, v in row.items() if k.startswith("loss/"))
-                print(f"stage 1 step {int(row['step'])}/{steps}: loss {row['loss']:.4f} ({per})", flush=True)
-
-        every = max(1, steps // 10)
-        blocks = find_blocks(student)
-        opt = torch.optim.Adam([p for i in chosen for p in new_parameters(blocks[i].attn)], lr=conv.stage1.lr)
-        state = TransferState()
-        if resume is not None:
-            student.load_state_dict(resume["student"])
-            opt.load_state_dict(resume["optimizer"])
-            state = TransferState(resume["step"], resume["history"])
-            report["init_figures"] = resume["init_figures"]
-            torch.set_rng_state(resume["rng"])
-            for _ in range(state.step):
-                next(batches)
-            if verbose:
-                print(f"stage 1: resuming at step {state.step}/{steps} ({partial})", flush=True)
-
-        def checkpoint(st: TransferState, optimiser: torch.optim.Optimizer) -> None:
-            if st.step % every == 0 and st.step < steps:
-                keep = {"student": student.state_dict(), "optimizer": optimiser.state_dict(), "step": st.step,
-                        "history": st.history, "init_figures": report["init_figures"], "rng": torch.get_rng_state()}  # fmt: skip
-                data = io.BytesIO()
-                torch.save(keep, data)
-                atomic_write_bytes(partial, data.getvalue())
-
-        rows = attention_transfer(
-            teacher, student, chosen, batches, steps, optimizer=opt, state=state, log_every=every, on_log=log,
-            on_step=checkpoint,
-        ).history  # fmt: skip
-        report["tokens"] = steps * B * cfg.data.max_len
-        report["first"], report["last"] = rows[0], rows[-1]
-    report["steps"] = steps
-    buf = io.StringIO()
-    if rows:
-        keys = list(dict.fromkeys(k for r in rows for k in r))
-        w = csv.DictWriter(buf, keys)
-        w.writeheader()
-        w.writerows(rows)
-    atomic_write_text(out / "stage1.csv", buf.getvalue())
-    atomic_write_json(out / "stage1.json", report)
-    model.load_state_dict(student.state_dict())
-    data = io.BytesIO()
-    torch.save(model.state_dict(), data)
-    atomic_write_bytes(saved, data.getvalue())
-    partial.unlink(missing_ok=True)  # its own file: stage1.pt holds the result now
+    batches = train_batches(dm, B, cfg.seed)
+    extra = {"tokens": steps * B * cfg.data.max_len}
+    run_stage1(teacher, model, conv, batches, steps, cfg.seed, run_dir, verbose=verbose, extra=extra)
 
 
 def convert_run(

@@ -177,6 +177,10 @@ class VisionModule(ClassificationModule):
         acc = (logits.argmax(-1) == y).float().mean()  # against the unmixed labels
         return loss, task, aux, acc
 
+    def training_inputs(self, batch: tuple[Tensor, ...], generator: torch.Generator) -> tuple[Tensor, ...]:
+        images, y = batch
+        return (self.augment(images, y, generator)[0],)  # (B, C, S, S): cropped, flipped, mixed as in training
+
     def configure_optimizers(self) -> Any:
         # timm's rule: no weight decay on biases, norms (1-D parameters), the CLS token and the positions
         decay, no_decay = [], []
