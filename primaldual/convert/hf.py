@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from ..attention.base import AttentionLayer
 from ..integrations.torch_nn import attention_from_projections, resolve_layer_indices
 from .init import init_from_teacher
-from .students import BIDIRECTIONAL_DEFAULTS, check_student, new_parameters
+from .students import check_student, new_parameters
 from .transfer import TransferState, attention_transfer
 
 __all__ = ["convert_hf", "hf_attention_io", "hf_student_layers", "hf_teacher_layer"]
@@ -211,7 +211,6 @@ def convert_hf(
     chosen = resolve_layer_indices(layers, len(blocks))
     if not all(hf.read_site(teacher, blocks[i], i).causal for i in chosen):
         check_student(student, options, causal=False)  # the window students look back: causal layers only
-        options = {**BIDIRECTIONAL_DEFAULTS, **options}  # (also right for a causal layer among them)
     model = hf.convert(copy.deepcopy(teacher), name, chosen, **fixed, **options)
     report: dict[str, Any] = {"layers": chosen, "init": {}, "history": []}
     trains = student != "window"

@@ -137,7 +137,10 @@ def ksvd_init(
     if p > T:
         raise ValueError(f"the calibration batch has {T} real tokens; the KSVD initialisation needs at least p={p}")
     if s > p:
-        raise ValueError(f"s={s} exceeds the head width p={p}: the kernel has rank at most p")
+        raise ValueError(
+            f"s={s} exceeds the head width p={p}: the kernel has rank at most p, so the KSVD initialisation has p "
+            f"directions; choose s <= {p}, or init 'random'"
+        )
     sig, targets = [], []
     for h in range(layer.num_heads):
         w_e, w_r, sigma, lam = primal_stationary_point(flat[:, 0, h].double(), flat[:, 1, h].double(), s)
@@ -183,7 +186,15 @@ def _fit_data_dependent(
     rhs = torch.einsum("tbihm,tbihs->thms", a, y)  # (2, H, n, s)
     scale = gram.diagonal(dim1=-2, dim2=-1).mean(-1).clamp_min(1e-30)  # (2, H)
     eye = torch.eye(n, dtype=gram.dtype, device=gram.device)
-    coef = torch.linalg.solve(gram + ridge * scale[..., None, None] * eye, rhs)  # (2, H, n, s)
+    # Cholesky, not a batched torch.linalg.solve: the normal matrix is positive definite (ridge > 0), and the batched
+    # LU of some CPU builds fails on these shapes (MKL's DLASWP parameter error, then a hang)
+    chol, info = torch.linalg.cholesky_ex(gram + ridge * scale[..., None, None] * eye)  # (2, H, n, n)
+    if bool((info != 0).any()):
+        raise ValueError(
+            f"the data-dependent fit's normal matrix is singular ({B} calibration sequences for n={n} sampled "
+            "tokens): give more calibration batches, or a ridge > 0"
+        )
+    coef = torch.cholesky_solve(rhs, chol)  # (2, H, n, s)
     fitted = torch.einsum("tbihm,thms->tbihs", a, coef)  # (2, B, N, H, s)
     residual = (fitted - y).square().sum() / y.square().sum().clamp_min(1e-30)
     layer.w_e.copy_(coef[0])

@@ -5,7 +5,8 @@ Students (what each is, in the papers' terms):
 * ``primal``: the Primal-Attention layer of Chen et al. (2023) as it is, causal or not as the teacher layer is. Causal:
   the official fairseq design (prefix means of q and k, the cosine feature map, data-independent ``W_e, W_r``).
   Bidirectional (an encoder: a classifier, a ViT, BERT): the layer of the time-series / LRA / vision code, with
-  data-dependent ``W_{e|X} = f(X)^T W_e`` by default (``data_dependent=False`` gives plain ``(p, s)`` weights).
+  data-dependent ``W_{e|X} = f(X)^T W_e``, which is what mixes its tokens (with ``data_dependent=False`` each
+  token's output depends on that token alone).
   Converting the last layer of a Transformer gives Primal.+; converting every layer gives PrimalFormer. It keeps
   the teacher's query, key and output projections (it has no values).
 * ``hybrid``: :class:`~primaldual.attention.hybrid.HybridAttention`, an extension of ours: the teacher's exact
@@ -36,7 +37,6 @@ from ..encoder import Encoder
 from ..integrations.torch_nn import attention_from_projections, resolve_layer_indices
 
 __all__ = [
-    "BIDIRECTIONAL_DEFAULTS",
     "BIDIRECTIONAL_STUDENTS",
     "STUDENTS",
     "check_student",
@@ -56,11 +56,6 @@ STUDENTS: dict[str, tuple[str, dict[str, Any]]] = {
 
 #: the students a bidirectional (non-causal) teacher converts into
 BIDIRECTIONAL_STUDENTS = ("primal",)
-
-#: the options a bidirectional student gets unless given: data-independent W_e, W_r, for which the KSVD
-#: initialisation is exact (J = 0) and carries to other sequences; the data-dependent coefficients can only be
-#: fitted to it (docs/conversion.md, "Bidirectional models")
-BIDIRECTIONAL_DEFAULTS: dict[str, Any] = {"data_dependent": False}
 
 
 def find_blocks(model: nn.Module) -> nn.ModuleList:
@@ -112,8 +107,6 @@ def student_layer(teacher: QKVAttention, student: str, **options: Any) -> Attent
             f"{type(teacher).__name__}"
         )
     name, fixed = check_student(student, options, teacher.causal)
-    if not teacher.causal:
-        options = {**BIDIRECTIONAL_DEFAULTS, **options}
     inner = teacher.inner_dim
     w, b = teacher.qkv.weight, teacher.qkv.bias
 
@@ -166,12 +159,11 @@ def student_plan(
     depth: int, student: str, layers: Sequence[int], base: str = "softmax", *, causal: bool = True, **options: Any
 ) -> tuple[list[str], list[dict[str, Any] | None]]:
     """The per-layer attention names and options of the converted model (for a config's ``model.attention`` and
-    ``model.attention_options``): ``layers`` (resolved indices) are the student, the others stay ``base``; a
-    bidirectional model's students (``causal=False``) get :data:`BIDIRECTIONAL_DEFAULTS` unless given."""
+    ``model.attention_options``): ``layers`` (resolved indices) are the student, the others stay ``base``;
+    ``causal=False`` for a bidirectional model (which the window students cannot convert)."""
     name, fixed = check_student(student, options, causal)
-    own = {**fixed, **options} if causal else {**BIDIRECTIONAL_DEFAULTS, **fixed, **options}
     names = [name if i in layers else base for i in range(depth)]
-    opts = [dict(own) if i in layers else None for i in range(depth)]
+    opts = [{**fixed, **options} if i in layers else None for i in range(depth)]
     return names, opts
 
 

@@ -42,19 +42,34 @@ def _batches(n: int, seed: int = 1):
         yield _batch(seed + i)
 
 
-def test_a_bidirectional_teacher_gets_a_non_causal_primal_student_with_fixed_weights_by_default():
+def test_a_bidirectional_teacher_gets_the_papers_non_causal_primal_student():
     teacher = _series()
-    model, layers = swap_attention(teacher, "primal", [-1], s=4)
+    model, layers = swap_attention(teacher, "primal", [-1], s=4, n=10)
     layer = find_blocks(model)[1].attn
-    assert isinstance(layer, PrimalAttention) and not layer.causal and not layer.data_dependent
+    assert isinstance(layer, PrimalAttention) and not layer.causal and layer.data_dependent
+    assert layer.w_e.shape == (4, 10, 4)  # coefficients over n sampled tokens: the data-dependent weights
     assert layers == [1] and find_blocks(model)[0].attn is not find_blocks(teacher)[0].attn
     torch.testing.assert_close(layer.qk.weight, find_blocks(teacher)[1].attn.qkv.weight[:64])
-    dd = find_blocks(swap_attention(teacher, "primal", [-1], s=4, data_dependent=True, n=10)[0])[1].attn
-    assert dd.data_dependent and dd.w_e.shape == (4, 10, 4)
-    # the run config's plan carries the same default, so a saved run rebuilds the same layer
+    fixed = find_blocks(swap_attention(teacher, "primal", [-1], s=4, data_dependent=False)[0])[1].attn
+    assert not fixed.data_dependent and fixed.w_e.shape == (4, 8, 4)
     names, opts = student_plan(2, "primal", [1], causal=False, s=4)
-    assert names == ["softmax", "primal"] and opts == [None, {"data_dependent": False, "s": 4}]
-    assert student_plan(2, "primal", [1], s=4)[1] == [None, {"s": 4}]  # causal: the layer's own default
+    assert names == ["softmax", "primal"] and opts == [None, {"s": 4}]
+
+
+def test_fixed_weights_leave_a_bidirectional_layer_without_token_mixing():
+    """Why data-dependent weights are the bidirectional student's default: with fixed W_e, W_r each token's output
+    depends on that token alone, so a stack of such layers never brings the patches into a class token."""
+    teacher = _series()
+    x, mask = _batch(0, 2)
+    for data_dependent, mixes in ((False, False), (True, True)):
+        opts = {"data_dependent": True, "n": 12} if data_dependent else {"data_dependent": False}
+        model, _ = swap_attention(teacher, "primal", [1], s=4, **opts)
+        layer = find_blocks(model)[1].attn.eval()
+        h = torch.randn(2, 20, 32, dtype=torch.float64)
+        other = h.clone()
+        other[:, 1:] = torch.randn(2, 19, 32, dtype=torch.float64)  # every token but the first changes
+        moved = (layer(h)[:, 0] - layer(other)[:, 0]).abs().max()
+        assert (moved > 1e-6) == mixes, (data_dependent, float(moved))
 
 
 @pytest.mark.parametrize("student", ["hybrid", "window"])
@@ -68,7 +83,7 @@ def test_window_students_are_refused_for_a_bidirectional_teacher(student):
 @pytest.mark.parametrize("data_dependent", [False, True])
 def test_ksvd_initialisation_of_a_bidirectional_student_sets_j_to_zero(data_dependent):
     teacher = _series()
-    opts = {"data_dependent": True, "n": 12} if data_dependent else {}
+    opts = {"data_dependent": True, "n": 12} if data_dependent else {"data_dependent": False}
     model, _ = swap_attention(teacher, "primal", [1], s=4, **opts)
     layer = find_blocks(model)[1].attn
     x = torch.randn(6, 20, 32, dtype=torch.float64)
@@ -106,13 +121,15 @@ def test_data_dependent_coefficients_reproduce_a_reachable_target_exactly():
     assert info["weights_residual"] < 1e-12
 
 
-def test_teacher_initialisation_lowers_the_held_out_error_of_a_bidirectional_student():
+@pytest.mark.parametrize("data_dependent", [True, False])
+def test_teacher_initialisation_lowers_the_held_out_error_of_a_bidirectional_student(data_dependent):
     teacher = _series()
     calib = _batch(1, B=32)
     held = _batch(2, B=16)
     io = teacher_attention_io(teacher, *held, [0, 1], masks=True)
-    random_init, layers = swap_attention(teacher, "primal", "all", s=6)
-    fitted, _ = swap_attention(teacher, "primal", "all", s=6)
+    opts = {"s": 6, "data_dependent": data_dependent, **({"max_len": 20} if data_dependent else {})}
+    random_init, layers = swap_attention(teacher, "primal", "all", **opts)
+    fitted, _ = swap_attention(teacher, "primal", "all", **opts)
     info = initialise_students(teacher, fitted, layers, *calib)
     assert all(abs(info[i]["J"]) < 1e-9 for i in layers)
     with torch.no_grad():
@@ -123,7 +140,8 @@ def test_teacher_initialisation_lowers_the_held_out_error_of_a_bidirectional_stu
 
 def test_stage_1_trains_a_classifiers_students_on_the_masks_its_layers_saw():
     teacher = _series()
-    model, report = convert(teacher, "primal", "all", batches=_batches(30), steps=25, lr=3e-3, s=6)
+    stream = iter([_batch(0, B=32), *_batches(30)])  # a calibration batch of 32 series, then stage 1's
+    model, report = convert(teacher, "primal", "all", batches=stream, steps=25, s=6, max_len=20)
     first, last = report["history"][0], report["history"][-1]
     assert last["loss"] < first["loss"] < 1
     # the outputs at padded steps are zero, as the teacher's recorded ones; real steps follow the teacher
@@ -174,3 +192,14 @@ def test_a_tower_run_twice_per_forward_is_refused():
 def test_find_blocks_names_a_model_without_one_stack():
     with pytest.raises(TypeError, match="Linear has no stack"):
         find_blocks(torch.nn.Linear(2, 2))
+
+
+def test_the_docs_classifier_example_runs():
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "conversion.md").read_text()
+    code = next(c for c in re.findall(r"```python\n(.*?)```", doc, re.S) if "VisionClassifier" in c)
+    scope: dict = {}
+    exec(compile(code, "docs/conversion.md", "exec"), scope)
+    assert abs(scope["report"]["init"][3]["J"]) < 1e-5 and len(scope["report"]["history"]) == 3

@@ -133,9 +133,11 @@ def test_an_encoders_recorded_output_is_its_attention_before_the_residual_and_no
 
 def test_bert_converts_to_a_bidirectional_primal_student_and_stage_one_lowers_its_error():
     teacher = tiny("bert")
-    model, report = convert_hf(teacher, "primal", "all", batches=_token_batches(), steps=20, lr=3e-3, log_every=5, s=4)
+    model, report = convert_hf(
+        teacher, "primal", "all", batches=_token_batches(), steps=20, lr=3e-3, log_every=5, s=4, max_len=12
+    )
     layers = hf_student_layers(model, [0, 1])
-    assert all(not layer.causal and not layer.data_dependent for layer in layers)
+    assert all(not layer.causal and layer.data_dependent for layer in layers)  # the paper's bidirectional layer
     assert all(abs(report["init"][i]["J"]) < 1e-6 for i in (0, 1))
     assert report["history"][-1]["loss"] < report["history"][0]["loss"] < 1
     ids, mask = next(_token_batches(3))
@@ -148,10 +150,12 @@ def test_a_vision_transformer_converts_from_batches_of_pixel_values():
     teacher = tiny("vit")
     g = torch.Generator().manual_seed(0)
     images = ({"pixel_values": torch.randn(4, 3, 16, 16, generator=g)} for _ in range(8))
-    model, report = convert_hf(teacher, "primal", [-1], batches=images, steps=4, log_every=2, s=4, data_dependent=True)
+    model, report = convert_hf(teacher, "primal", [-1], batches=images, steps=4, log_every=2, s=4)
     layer = hf_student_layers(model, [1])[0]
     assert layer.data_dependent and layer.n == 40  # s * rank_multi: sampled positions repeat over the 17 tokens
     assert "weights_residual" in report["init"][1] and len(report["history"]) == 3
+    fixed, report = convert_hf(teacher, "primal", [-1], batches=images, s=4, data_dependent=False)
+    assert not hf_student_layers(fixed, [1])[0].data_dependent and "weights_residual" not in report["init"][1]
 
 
 def test_encoders_refuse_window_students_and_malformed_batches():

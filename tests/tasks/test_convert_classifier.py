@@ -53,7 +53,7 @@ def test_a_uea_run_converts_to_primal_plus_in_a_run_directory_that_a_second_call
     assert not (run_dir / "convert" / "stage1.partial.pt").exists()
     cfg = run_config(run_dir)  # the converted model's config: test, validate and analyze read it
     assert cfg.model.attention == ["softmax", "primal"]
-    assert cfg.model.attention_options == [None, {"data_dependent": False, "s": 4, "eta": 0.1}]
+    assert cfg.model.attention_options == [None, {"s": 4, "eta": 0.1}]
     assert cfg.trainer.max_epochs == 1 and cfg.name == "tiny-primal_plus"
     summary = json.loads((run_dir / "summary.json").read_text())
     conv = summary["convert"]
@@ -110,7 +110,7 @@ def test_a_teacher_whose_dataset_has_no_shipped_conversion_names_the_ones_there_
         yaml.safe_dump(
             {
                 "layers": "all",
-                "options": {"s": 4, "data_dependent": True, "max_len": 17},
+                "options": {"s": 4, "max_len": 17},
                 "calibration_batches": 1,
                 "stage1": {"steps": 2},
                 "stage2": {"trainer": {"max_steps": 2}, "schedule": {"total_steps": None}},
@@ -120,7 +120,7 @@ def test_a_teacher_whose_dataset_has_no_shipped_conversion_names_the_ones_there_
     run_here(_convert(tmp_path / "teacher", tmp_path / "conv", "-c", str(conv), "--threads", "1"))
     cfg = run_config(tmp_path / "conv")
     assert cfg.model.attention == ["primal", "primal"] and cfg.trainer.max_steps == 2
-    assert cfg.model.attention_options[0] == {"data_dependent": True, "s": 4, "max_len": 17}
+    assert cfg.model.attention_options[0] == {"s": 4, "max_len": 17}
     figures = json.loads((tmp_path / "conv" / "convert" / "stage1.json").read_text())["init_figures"]
     assert set(figures) == {"0", "1"} and all("weights_residual" in f for f in figures.values())
 
