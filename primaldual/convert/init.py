@@ -13,10 +13,11 @@ output map.
   loss; at trace 1 it stays of the order of the layer's own random initialisation.
 * **Data-dependent weights** (the bidirectional layer's default, ``W_{e|X} = f(X)^T W_e`` with ``f(X)`` ``(n, p)``
   the n sampled layer inputs of a head and ``W_e`` ``(n, s)``): the stationary point above is a ``(p, s)`` matrix,
-  and the ``(n, s)`` coefficients are fitted to it by ridge least squares over the calibration sequences,
-  ``min sum_b ||f(X_b)^T W - W*||^2``, so that every sequence's weights are as close to it as the sampled tokens
-  allow. The layer's trace term reads the coefficients, not ``W_{e|X}``, so J is not zero there; ``Lambda`` is then
-  scaled by one factor, which sets J to zero on the batch when the coefficients' trace is positive (reported).
+  and the ``(n, s)`` coefficients are fitted to it by ridge least squares on the calibration tokens' scores,
+  ``min sum_{b,i} ||phi(q_i)^T f(X_b)^T W - phi(q_i)^T W*||^2`` (and alike for ``W_r`` with the keys), so that every
+  sequence's scores are as close to the stationary point's as its sampled tokens allow. The layer's trace term reads
+  the coefficients, not ``W_{e|X}``, so J is not zero there; ``Lambda`` is then scaled by one factor, which sets J
+  to zero on the batch when the coefficients' trace is positive.
 * **Least squares**: with the scores fixed, the head output ``Linear(2s -> p)(scores)`` is linear in the map's
   weight and bias, so they are fitted in closed form to the teacher's per-head outputs (``softmax(q k^T) v`` of each
   head, before the output projection, which the student keeps). The hybrid's branch is fitted to the residual the
@@ -127,8 +128,9 @@ def ksvd_init(
 
     Returns:
         ``{"tokens": T, "J": the layer's objective on the batch afterwards (global reduction: 0 up to rounding, for
-        weights that are not data-dependent), "sigma_max": largest singular value, "sigma_min": s-th}``, and for
-        data-dependent weights ``"weights_residual"``: the fit's ``sum ||f(X_b)^T W - W*||^2 / (B ||W*||^2)``.
+        weights that are not data-dependent, and for data-dependent ones whose fitted trace is positive),
+        "sigma_max": largest singular value, "sigma_min": s-th}``, and for data-dependent weights
+        ``"weights_residual"``: the fit's relative residual on the calibration scores (0: the stationary point's).
     """
     phi = branch_features(layer, x, mask)  # (B, N, 2, H, p)
     real = _real(mask, x.shape[0], x.shape[1], x.device)
