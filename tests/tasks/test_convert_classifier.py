@@ -94,6 +94,9 @@ def test_classifier_conversion_errors_are_one_line_and_write_nothing(capsys, tmp
     assert "stage2:" in _error(capsys, [*base, "--stage2.trainer.max_epochs", "'ten'"])
     assert "stage2: expected a mapping" in _error(capsys, [*base, "--stage2", "5"])
     assert "layers:" in _error(capsys, [*base, "--layers", "[true]"])
+    assert "of the 'lm' family; this teacher takes uea/<dataset>/convert/<name>" in _error(
+        capsys, [*base, "-c", "lm/english/convert/primal_plus"]
+    )
     assert not (tmp_path / "x").exists()  # nothing written for a bad config
 
 

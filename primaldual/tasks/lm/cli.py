@@ -64,11 +64,19 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             "file, or smollm2)"
         )
     run = dict(overrides=pairs, seed=args.seed, run_dir=args.run_dir, fresh=args.fresh)
+    task = None if is_hf_teacher(args.teacher) else _run_task(Path(args.teacher))
+    family = "lm" if task in (None, "lm") else task.split("_")[0]  # lra_listops -> lra
+    named = args.config is not None and not args.config.endswith((".yaml", ".yml"))
+    if named and args.config.split("/")[0] != family:
+        raise ConfigError(
+            f"--config: {args.config} is a conversion of the {args.config.split('/')[0]!r} family; this teacher "
+            f"takes {family}/<dataset>/convert/<name> (shipped: {', '.join(convert_config_names(family)) or 'none'})"
+        )
     if is_hf_teacher(args.teacher):
         config = args.config or LM_DEFAULT
         conv = load_convert_config(config, pairs)
         convert_hf_run(args.teacher, conv, config, seed=args.seed, run_dir=args.run_dir, fresh=args.fresh)
-    elif _run_task(Path(args.teacher)) in (None, "lm"):  # (convert_run names what is wrong with a run)
+    elif task in (None, "lm"):  # (convert_run names what is wrong with a run)
         convert_run(args.teacher, args.config or LM_DEFAULT, **run)
     else:  # a classifier: uea, vision, the one-input LRA tasks
         from ..convert_classifier import convert_classifier_run
