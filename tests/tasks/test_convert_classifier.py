@@ -100,12 +100,21 @@ def test_classifier_conversion_errors_are_one_line_and_write_nothing(capsys, tmp
     assert not (tmp_path / "x").exists()  # nothing written for a bad config
 
 
-def test_a_teacher_whose_dataset_has_no_shipped_conversion_names_the_ones_there_are(capsys, tmp_path):
-    folder = write_image_folder(tmp_path / "img", {"train": 6, "val": 2}, {"a": (200, 0, 0), "b": (0, 0, 200)})
+@pytest.fixture(scope="module")
+def vision_teacher(tmp_path_factory):
+    """A tiny softmax ViT run on an image folder (its training step crops, flips and mixes: DeiT's batch
+    augmentation)."""
+    pytest.importorskip("PIL.Image")
+    tmp = tmp_path_factory.mktemp("vision_teacher")
+    folder = write_image_folder(tmp / "img", {"train": 6, "val": 2}, {"a": (200, 0, 0), "b": (0, 0, 200)})
     cfg = tiny_vision(folder, **{"trainer.max_steps": 2, "data.val_fraction": 0.25})
-    (tmp_path / "vit.yaml").write_text(yaml.safe_dump(cfg))
-    run_here(fit_cmd(tmp_path / "vit.yaml", tmp_path / "teacher", "--threads", "1"))
-    err = _error(capsys, ["convert", str(tmp_path / "teacher"), "--run-dir", str(tmp_path / "x")])
+    (tmp / "vit.yaml").write_text(yaml.safe_dump(cfg))
+    run_here(fit_cmd(tmp / "vit.yaml", tmp / "teacher", "--threads", "1"))
+    return tmp / "teacher"
+
+
+def test_a_teacher_whose_dataset_has_no_shipped_conversion_names_the_ones_there_are(capsys, tmp_path, vision_teacher):
+    err = _error(capsys, ["convert", str(vision_teacher), "--run-dir", str(tmp_path / "x")])
     assert "none shipped for vision/toy" in err and "vision/fashion_mnist/convert/primal_plus" in err
     # a YAML file converts it: every layer, data-dependent students, a step-based stage 2
     conv = tmp_path / "all.yaml"
@@ -120,7 +129,7 @@ def test_a_teacher_whose_dataset_has_no_shipped_conversion_names_the_ones_there_
             }
         )
     )
-    run_here(_convert(tmp_path / "teacher", tmp_path / "conv", "-c", str(conv), "--threads", "1"))
+    run_here(_convert(vision_teacher, tmp_path / "conv", "-c", str(conv), "--threads", "1"))
     cfg = run_config(tmp_path / "conv")
     assert cfg.model.attention == ["primal", "primal"] and cfg.trainer.max_steps == 2
     assert cfg.model.attention_options[0] == {"s": 4, "max_len": 17}
@@ -136,3 +145,33 @@ def test_shipped_classifier_conversion_configs_load():
         assert conv.student == "primal" and conv.stage2, name
     with pytest.raises(ConfigError, match=r"^--stage2s: not a key of the conversion config"):
         load_convert_config(names[0], [("stage2s", 1)], ClassifierConvertConfig)
+
+
+def test_a_classifiers_stage_1_killed_mid_way_continues_to_the_uninterrupted_result(
+    tmp_path, vision_teacher, monkeypatch
+):
+    """The stage-1 stream of a vision run draws its augmentation from the seeded generator, so a conversion stopped
+    after update 3 of 6 continues from ``stage1.partial.pt`` on the same batches to the same ``stage1.pt``."""
+    import primaldual.convert as conv_pkg
+    from primaldual.tasks.convert_classifier import convert_classifier_run
+    from tests.train.helpers import Stage1Killed, stage1_stopper
+
+    conv = tmp_path / "last.yaml"
+    conv.write_text(yaml.safe_dump({"options": {"s": 4, "max_len": 17}, "calibration_batches": 1,
+                                    "stage1": {"steps": 6}, "stage2": {"trainer": {"max_steps": 1}}}))  # fmt: skip
+    convert_classifier_run(vision_teacher, str(conv), run_dir=tmp_path / "straight", verbose=False)
+    starts: list[int] = []
+    stopping, recording = stage1_stopper(conv_pkg.attention_transfer, 3, starts)
+    monkeypatch.setattr(conv_pkg, "attention_transfer", stopping)
+    killed = tmp_path / "killed"
+    with pytest.raises(Stage1Killed):
+        convert_classifier_run(vision_teacher, str(conv), run_dir=killed, verbose=False)
+    assert torch.load(killed / "convert" / "stage1.partial.pt", weights_only=True)["step"] == 3
+    monkeypatch.setattr(conv_pkg, "attention_transfer", recording)
+    convert_classifier_run(vision_teacher, str(conv), run_dir=killed, verbose=False)
+    assert starts == [3]  # continued, not restarted
+    a = torch.load(tmp_path / "straight" / "convert" / "stage1.pt", weights_only=True)
+    b = torch.load(killed / "convert" / "stage1.pt", weights_only=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    for name in ("stage1.csv", "stage1.json"):
+        assert (killed / "convert" / name).read_text() == (tmp_path / "straight" / "convert" / name).read_text()
