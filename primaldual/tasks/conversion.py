@@ -36,6 +36,7 @@ from .convert_configs import convert_config_names, shipped_convert_config
 __all__ = [
     "CONVERT_ENTRIES",
     "build_convert_config",
+    "check_plan",
     "find_convert_config",
     "load_convert_config",
     "load_teacher",
@@ -110,6 +111,28 @@ def load_convert_config(spec: str, overrides: list[tuple[str, Any]], cls: type) 
 
 def _names(section: type) -> list[str]:
     return [f.name for f in fields(section)]
+
+
+def check_plan(conv: Any, tcfg: RunConfig) -> list[int]:
+    """The layers ``conv`` converts in the teacher of config ``tcfg`` (resolved indices), checked before anything is
+    written: the indices exist, ``causal`` is left to the teacher's layers, and ``s`` fits the head width where the
+    KSVD initialisation needs it (the kernel of a head has rank at most its width)."""
+    from ..integrations.torch_nn import resolve_layer_indices
+
+    try:
+        chosen = resolve_layer_indices(conv.layers, tcfg.model.depth)
+    except (IndexError, TypeError, ValueError) as e:
+        raise ConfigError(f"layers: {e}") from None
+    if "causal" in conv.options:
+        raise ConfigError("options: causal is the teacher's (each student is causal as the layer it replaces)")
+    width = tcfg.model.dim // tcfg.model.num_heads
+    s = conv.options.get("s", 20)  # (the primal layer's default)
+    if conv.init == "teacher" and conv.student != "window" and isinstance(s, int) and s > width:
+        raise ConfigError(
+            f"options: s={s} exceeds the teacher's head width {width}: the KSVD initialisation has at most {width} "
+            "directions; choose a smaller s, or init random"
+        )
+    return chosen
 
 
 def load_teacher(teacher_dir: Path, kind: str | None = None) -> tuple[RunConfig, Any, Any, dict[str, Any]]:

@@ -7,7 +7,7 @@ A conversion config (YAML; shipped ones are named ``<family>/<dataset>/convert/<
 
     student: primal                  # the bidirectional student (primaldual.convert.BIDIRECTIONAL_STUDENTS)
     layers: [-1]                     # block indices (negative from the end) or all
-    options: {s: 24, eta: 0.05}      # the primal layer's options; data_dependent is False unless given
+    options: {s: 16, eta: 0.05, max_len: 50}   # the primal layer's options (data-dependent W_e, W_r by default)
     init: teacher                    # teacher (KSVD + least squares) | random (the layer's own)
     calibration_batches: 4           # training batches the initialisation is computed on
     stage1: {steps: 200, lr: 0.0003} # attention-transfer updates (0: none) and Adam's learning rate
@@ -15,7 +15,8 @@ A conversion config (YAML; shipped ones are named ``<family>/<dataset>/convert/<
 
 Stage 2 is the teacher's own recipe (data, batch, optimiser, schedule, augmentation, protocol) with ``stage2``'s
 overrides, each checked as ``primaldual fit`` checks a ``--key value``: the budget (``trainer.max_steps`` or
-``trainer.max_epochs``, as the task counts), the learning rate, the warm-up. The run directory is an ordinary run's
+``trainer.max_epochs``, as the task counts), the learning rate, the warm-up; of the model only its regularisers
+(:data:`STAGE2_MODEL_KEYS`). Stage 1 takes its batch size from the same config (``data.batch_size``). The run directory is an ordinary run's
 (``config.yaml`` is the converted model's, so ``test``, ``validate`` and ``analyze`` work on it; a second call reports
 or resumes it) plus ``convert.yaml`` and ``convert/`` (:mod:`.conversion`). ``summary.json`` gains a ``convert``
 section: the teacher's test accuracy and the change.
@@ -43,10 +44,17 @@ from ..options import check_int, check_number
 from ..train.config import ConfigError, RunConfig, apply_overrides
 from ..train.validate import validate_config
 from ..utils.io import atomic_write_json, atomic_write_text
-from .conversion import load_convert_config, load_teacher, run_stage1
+from .conversion import check_plan, load_convert_config, load_teacher, run_stage1
 from .convert_configs import convert_config_names
 
-__all__ = ["ClassifierConvertConfig", "ClassifierStage1", "convert_classifier_run", "student_config", "train_batches"]
+__all__ = [
+    "STAGE2_MODEL_KEYS",
+    "ClassifierConvertConfig",
+    "ClassifierStage1",
+    "convert_classifier_run",
+    "student_config",
+    "train_batches",
+]
 
 
 @dataclass
@@ -109,12 +117,19 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+#: the model keys stage 2 may change: regularisers, which leave the weights' shapes as the teacher's
+STAGE2_MODEL_KEYS = ("model.dropout", "model.drop_path", "model.attn_drop", "model.ffn_drop")
+
+
+def _overrides(values: dict[str, Any]) -> list[str]:
+    return [a for k, v in values.items() for a in (f"--{k}", json.dumps(v))]  # JSON values are YAML
+
+
 def student_config(tcfg: RunConfig, conv: ClassifierConvertConfig, name: str, seed: int) -> RunConfig:
     """The converted run's config: the teacher's, with the student layers and ``stage2``'s overrides."""
     from ..convert import student_plan
-    from ..integrations.torch_nn import resolve_layer_indices
 
-    chosen = resolve_layer_indices(conv.layers, tcfg.model.depth)
+    chosen = check_plan(conv, tcfg)
     base = tcfg.model.attention if isinstance(tcfg.model.attention, str) else None
     if base != "softmax":
         raise ConfigError(f"the teacher must have softmax attention in every layer, got {tcfg.model.attention!r}")
@@ -123,9 +138,14 @@ def student_config(tcfg: RunConfig, conv: ClassifierConvertConfig, name: str, se
     stage2 = _flatten(conv.stage2)
     if clash := sorted(set(stage2) & set(own)):
         raise ConfigError(f"stage2: {', '.join(clash)} is set by the conversion; leave it out")
-    args = [a for k, v in {**own, **stage2}.items() for a in (f"--{k}", json.dumps(v))]  # JSON values are YAML
+    if shaped := sorted(k for k in stage2 if k.startswith("model.") and k not in STAGE2_MODEL_KEYS):
+        raise ConfigError(
+            f"stage2: {', '.join(shaped)} would change the teacher's model; stage 2 may set "
+            f"{', '.join(STAGE2_MODEL_KEYS)} of it"
+        )
+    plan = validate_config(apply_overrides(tcfg, _overrides(own)))  # the student's options, named as such
     try:
-        return validate_config(apply_overrides(tcfg, args))
+        return validate_config(apply_overrides(plan, _overrides(stage2)))
     except ConfigError as e:
         raise ConfigError(f"stage2: {e}") from None
 
@@ -136,6 +156,11 @@ def train_batches(dm: Any, module: Any, batch_size: int, seed: int) -> Iterator[
     (stage 1, calibration). A model of more than one input besides its mask is refused here, before any batch is
     drawn."""
     ds = dm.datasets["train"]
+    if len(ds) < batch_size:  # every batch would be short, and short ones are skipped
+        raise ConfigError(
+            f"data.batch_size: {batch_size} exceeds the {len(ds)} training examples, so stage 1 has no whole batch; "
+            "set stage2.data.batch_size (stage 1 and 2 share it) to at most that"
+        )
     width = len(ds[0]) - 1  # the model's inputs before the label
     if width not in (1, 2):
         raise ConfigError(
@@ -176,10 +201,17 @@ def convert_classifier_run(
     """
     from ..train.run import fit
     from ..train.rundir import check_run_dir, default_run_dir
+    from .base import get_task
+    from .classification import ClassificationTask
 
     teacher_dir = Path(teacher_dir)
     check_int("--seed", seed, low=0)
     tcfg, dm, tmodule, tsummary = load_teacher(teacher_dir)
+    if not isinstance(get_task(tcfg.task), ClassificationTask):
+        raise ConfigError(
+            f"{teacher_dir}: a run of task {tcfg.task!r}; primaldual convert takes a language model (task lm) or a "
+            "classifier (uea, vision, the one-input lra tasks)"
+        )
     if config is None:
         config = _default_config(tcfg)
     conv = load_convert_config(config, overrides, ClassifierConvertConfig)

@@ -84,7 +84,7 @@ def _error(capsys, argv) -> str:
 
 
 def test_classifier_conversion_errors_are_one_line_and_write_nothing(capsys, tmp_path, uea_teacher):
-    base = ["convert", str(uea_teacher), "--run-dir", str(tmp_path / "x")]
+    base = ["convert", str(uea_teacher), "--run-dir", str(tmp_path / "x"), "--options", '{"s": 4}']
     assert "student 'hybrid' is causal only" in _error(capsys, [*base, "--student", "hybrid"])
     assert "--stage1.tokens: not a key of the conversion config" in _error(capsys, [*base, "--stage1.tokens", "5"])
     assert "stage1.steps must be" in _error(capsys, [*base, "--stage1.steps", "-1"])
@@ -94,6 +94,16 @@ def test_classifier_conversion_errors_are_one_line_and_write_nothing(capsys, tmp
     assert "stage2:" in _error(capsys, [*base, "--stage2.trainer.max_epochs", "'ten'"])
     assert "stage2: expected a mapping" in _error(capsys, [*base, "--stage2", "5"])
     assert "layers:" in _error(capsys, [*base, "--layers", "[true]"])
+    assert "would change the teacher's model" in _error(capsys, [*base, "--stage2.model.ffn_dim", "64"])
+    assert "s=12 exceeds the teacher's head width 8" in _error(capsys, [*base, "--options", '{"s": 12}'])
+    assert "options: causal is the teacher's" in _error(capsys, [*base, "--options", '{"s": 4, "causal": true}'])
+    assert "layers: " in _error(capsys, [*base, "--layers", "[5]"])
+    # a student option the layer does not know is named as the student's, not as stage 2's
+    assert not _error(capsys, [*base, "--options", '{"s": 4, "foo": 1}']).startswith(
+        "primaldual convert: error: stage2"
+    )
+    # a batch larger than the training split: stage 1 would never get a whole batch (it spun forever)
+    assert "data.batch_size: 512 exceeds the" in _error(capsys, [*base, "--stage2.data.batch_size", "512"])
     assert "of the 'lm' family; this teacher takes uea/<dataset>/convert/<name>" in _error(
         capsys, [*base, "-c", "lm/english/convert/primal_plus"]
     )

@@ -41,7 +41,7 @@ from ...options import check_int, check_number
 from ...train.config import ConfigError, RunConfig, apply_overrides
 from ...train.validate import validate_config
 from ...utils.io import atomic_write_json, atomic_write_text
-from ..conversion import CONVERT_ENTRIES, find_convert_config, run_stage1
+from ..conversion import CONVERT_ENTRIES, check_plan, find_convert_config, run_stage1
 from ..conversion import load_convert_config as load_config
 from ..conversion import load_teacher as load_run_teacher
 
@@ -157,9 +157,8 @@ def load_teacher(teacher_dir: Path) -> tuple[RunConfig, Any, Any, dict[str, Any]
 def student_config(tcfg: RunConfig, conv: ConvertConfig, name: str, seed: int, tokens_per_update: int) -> RunConfig:
     """The converted run's config: the teacher's, with the student layers, the stage-2 optimiser and budget."""
     from ...convert import student_plan
-    from ...integrations.torch_nn import resolve_layer_indices
 
-    chosen = resolve_layer_indices(conv.layers, tcfg.model.depth)
+    chosen = check_plan(conv, tcfg)
     base = tcfg.model.attention if isinstance(tcfg.model.attention, str) else None
     if base != "softmax":
         raise ConfigError(f"the teacher must have softmax attention in every layer, got {tcfg.model.attention!r}")
