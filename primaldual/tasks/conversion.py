@@ -37,6 +37,8 @@ __all__ = [
     "CONVERT_ENTRIES",
     "build_convert_config",
     "check_plan",
+    "config_name",
+    "conversion_record",
     "find_convert_config",
     "load_convert_config",
     "load_teacher",
@@ -66,7 +68,7 @@ def build_convert_config(values: Any, where: str, cls: type) -> Any:
     """``cls(**values)``, validated: unknown keys (also inside its ``SECTIONS``) are named with the valid ones."""
     if not isinstance(values, dict):
         raise ConfigError(f"{where}: a conversion config is a mapping, got {type(values).__name__}")
-    known = [f.name for f in fields(cls)]
+    known = _names(cls)
     unknown = sorted(set(values) - set(known))
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(known))}")
@@ -75,7 +77,7 @@ def build_convert_config(values: Any, where: str, cls: type) -> Any:
         sub = kw.get(name, {})
         if not isinstance(sub, dict):
             raise ConfigError(f"{where}: {name} must be a mapping, got {sub!r}")
-        valid = [f.name for f in fields(section)]
+        valid = _names(section)
         bad = sorted(set(sub) - set(valid))
         if bad:
             raise ConfigError(f"{where}: unknown key(s) {name}.{', '.join(bad)}; valid: {', '.join(valid)}")
@@ -93,7 +95,7 @@ def load_convert_config(spec: str, overrides: list[tuple[str, Any]], cls: type) 
         values = load_yaml(path.read_text()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    known = [f.name for f in fields(cls)]
+    known = _names(cls)
     for key, value in overrides:  # each key checked as the flag it came from, not as a key of the file
         top, _, sub = key.partition(".")
         section = cls.SECTIONS.get(top)
@@ -111,6 +113,23 @@ def load_convert_config(spec: str, overrides: list[tuple[str, Any]], cls: type) 
 
 def _names(section: type) -> list[str]:
     return [f.name for f in fields(section)]
+
+
+def config_name(config: str) -> str:
+    """The short name of a conversion config (its file's stem, or a shipped name's last part) for run names."""
+    return Path(config).stem if config.endswith((".yaml", ".yml")) else config.split("/")[-1]
+
+
+def conversion_record(run_dir: Path, record: dict[str, Any], fresh: bool) -> str:
+    """``record`` (the conversion config, its name and the teacher) as the YAML text of ``convert.yaml``; a run
+    directory that holds another conversion is refused unless ``fresh``."""
+    text = yaml.safe_dump(record, sort_keys=False)
+    saved = run_dir / "convert.yaml"
+    if not fresh and saved.is_file() and saved.read_text() != text:
+        raise ConfigError(
+            f"{run_dir} holds another conversion ({saved}); pass --fresh to start over there or another --run-dir"
+        )
+    return text
 
 
 def check_plan(conv: Any, tcfg: RunConfig) -> list[int]:

@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-import yaml
 from torch import Tensor
 from torch.utils.data import default_collate
 
@@ -44,7 +43,7 @@ from ..options import check_int, check_number
 from ..train.config import ConfigError, RunConfig, apply_overrides
 from ..train.validate import validate_config
 from ..utils.io import atomic_write_json, atomic_write_text
-from .conversion import check_plan, load_convert_config, load_teacher, run_stage1
+from .conversion import check_plan, config_name, conversion_record, load_convert_config, load_teacher, run_stage1
 from .convert_configs import convert_config_names
 
 __all__ = [
@@ -216,23 +215,17 @@ def convert_classifier_run(
         config = _default_config(tcfg)
     conv = load_convert_config(config, overrides, ClassifierConvertConfig)
     teacher = tmodule.model.eval()
-    name = Path(config).stem if config.endswith((".yaml", ".yml")) else config.split("/")[-1]
+    name = config_name(config)
     cfg = student_config(tcfg, conv, name, seed)
-    batches = train_batches(
-        dm, tmodule, cfg.data.batch_size, seed
-    )  # refuses a two-input model before anything is written
+    # (refuses a two-input model, or a batch larger than the training split, before anything is written)
+    batches = train_batches(dm, tmodule, cfg.data.batch_size, seed)
     run_dir = check_run_dir(run_dir if run_dir is not None else default_run_dir(cfg), fresh)
     record = {
         "convert": asdict(conv),
         "config": config,
         "teacher": {"run_dir": str(teacher_dir.resolve()), "test_acc": tsummary.get("test_acc")},
     }
-    text = yaml.safe_dump(record, sort_keys=False)
-    saved = run_dir / "convert.yaml"
-    if not fresh and saved.is_file() and saved.read_text() != text:
-        raise ConfigError(
-            f"{run_dir} holds another conversion ({saved}); pass --fresh to start over there or another --run-dir"
-        )
+    text = conversion_record(run_dir, record, fresh)
 
     def before_training(module: Any, rd: Path, resuming: bool) -> None:
         if not resuming:

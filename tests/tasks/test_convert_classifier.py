@@ -19,7 +19,7 @@ from primaldual.train.checkpoints import load_checkpoint
 from primaldual.train.rundir import run_config
 from primaldual.utils.errors import ConfigError
 from tests.conftest import write_config
-from tests.train.helpers import fit_cmd, run_here, tiny_vision, write_image_folder
+from tests.train.helpers import fit_cmd, one_line_error, run_here, tiny_vision, write_image_folder
 
 
 @pytest.fixture(scope="module")
@@ -76,35 +76,32 @@ def test_a_uea_run_converts_to_primal_plus_in_a_run_directory_that_a_second_call
     assert main(["convert", str(uea_teacher), "--run-dir", str(run_dir), *TINY_BUDGET, "--stage1.steps", "5"]) == 2
 
 
-def _error(capsys, argv) -> str:
-    code = main(argv)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1, err
-    return err[0]
-
-
 def test_classifier_conversion_errors_are_one_line_and_write_nothing(capsys, tmp_path, uea_teacher):
     base = ["convert", str(uea_teacher), "--run-dir", str(tmp_path / "x"), "--options", '{"s": 4}']
-    assert "student 'hybrid' is causal only" in _error(capsys, [*base, "--student", "hybrid"])
-    assert "--stage1.tokens: not a key of the conversion config" in _error(capsys, [*base, "--stage1.tokens", "5"])
-    assert "stage1.steps must be" in _error(capsys, [*base, "--stage1.steps", "-1"])
-    assert "stage2: model.attention is set by the conversion" in _error(
+    assert "student 'hybrid' is causal only" in one_line_error(capsys, [*base, "--student", "hybrid"])
+    assert "--stage1.tokens: not a key of the conversion config" in one_line_error(
+        capsys, [*base, "--stage1.tokens", "5"]
+    )
+    assert "stage1.steps must be" in one_line_error(capsys, [*base, "--stage1.steps", "-1"])
+    assert "stage2: model.attention is set by the conversion" in one_line_error(
         capsys, [*base, "--stage2.model.attention", "linear"]
     )
-    assert "stage2:" in _error(capsys, [*base, "--stage2.trainer.max_epochs", "'ten'"])
-    assert "stage2: expected a mapping" in _error(capsys, [*base, "--stage2", "5"])
-    assert "layers:" in _error(capsys, [*base, "--layers", "[true]"])
-    assert "would change the teacher's model" in _error(capsys, [*base, "--stage2.model.ffn_dim", "64"])
-    assert "s=12 exceeds the teacher's head width 8" in _error(capsys, [*base, "--options", '{"s": 12}'])
-    assert "options: causal is the teacher's" in _error(capsys, [*base, "--options", '{"s": 4, "causal": true}'])
-    assert "layers: " in _error(capsys, [*base, "--layers", "[5]"])
+    assert "stage2:" in one_line_error(capsys, [*base, "--stage2.trainer.max_epochs", "'ten'"])
+    assert "stage2: expected a mapping" in one_line_error(capsys, [*base, "--stage2", "5"])
+    assert "layers:" in one_line_error(capsys, [*base, "--layers", "[true]"])
+    assert "would change the teacher's model" in one_line_error(capsys, [*base, "--stage2.model.ffn_dim", "64"])
+    assert "s=12 exceeds the teacher's head width 8" in one_line_error(capsys, [*base, "--options", '{"s": 12}'])
+    assert "options: causal is the teacher's" in one_line_error(
+        capsys, [*base, "--options", '{"s": 4, "causal": true}']
+    )
+    assert "layers: " in one_line_error(capsys, [*base, "--layers", "[5]"])
     # a student option the layer does not know is named as the student's, not as stage 2's
-    assert not _error(capsys, [*base, "--options", '{"s": 4, "foo": 1}']).startswith(
+    assert not one_line_error(capsys, [*base, "--options", '{"s": 4, "foo": 1}']).startswith(
         "primaldual convert: error: stage2"
     )
     # a batch larger than the training split: stage 1 would never get a whole batch (it spun forever)
-    assert "data.batch_size: 512 exceeds the" in _error(capsys, [*base, "--stage2.data.batch_size", "512"])
-    assert "of the 'lm' family; this teacher takes uea/<dataset>/convert/<name>" in _error(
+    assert "data.batch_size: 512 exceeds the" in one_line_error(capsys, [*base, "--stage2.data.batch_size", "512"])
+    assert "of the 'lm' family; this teacher takes uea/<dataset>/convert/<name>" in one_line_error(
         capsys, [*base, "-c", "lm/english/convert/primal_plus"]
     )
     assert not (tmp_path / "x").exists()  # nothing written for a bad config
@@ -124,7 +121,7 @@ def vision_teacher(tmp_path_factory):
 
 
 def test_a_teacher_whose_dataset_has_no_shipped_conversion_names_the_ones_there_are(capsys, tmp_path, vision_teacher):
-    err = _error(capsys, ["convert", str(vision_teacher), "--run-dir", str(tmp_path / "x")])
+    err = one_line_error(capsys, ["convert", str(vision_teacher), "--run-dir", str(tmp_path / "x")])
     assert "none shipped for vision/toy" in err and "vision/fashion_mnist/convert/primal_plus" in err
     # a YAML file converts it: every layer, data-dependent students, a step-based stage 2
     conv = tmp_path / "all.yaml"

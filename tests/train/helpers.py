@@ -51,6 +51,16 @@ def run_here(cmd: list[str]) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(cmd, code, out.getvalue(), err.getvalue())
 
 
+def one_line_error(capsys, argv: list[str]) -> str:
+    """``primaldual.cli.main(argv)`` must exit 2 with one line on stderr; returns that line."""
+    from primaldual.cli import main
+
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    return err[0]
+
+
 def history_rows(run_dir: Path) -> list[dict[str, str]]:
     p = run_dir / "history.csv"
     return list(csv.DictReader(open(p))) if p.is_file() else []

@@ -9,13 +9,12 @@ import sys
 import pytest
 import torch
 
-from primaldual.cli import main
 from primaldual.tasks.lm.convert import load_convert_config
 from primaldual.train.checkpoints import load_checkpoint
 from primaldual.train.rundir import run_config
 from primaldual.utils.errors import ConfigError
 
-from .helpers import Stage1Killed, fit_cmd, run_here, stage1_stopper
+from .helpers import Stage1Killed, fit_cmd, one_line_error, run_here, stage1_stopper
 from .test_lm import _lm_config, english_dir  # noqa: F401  (the tiny corpus fixture)
 
 
@@ -124,7 +123,7 @@ def test_convert_writes_a_run_directory_that_resumes_generates_and_loads(tmp_pat
     # another conversion in the same run directory is refused, and nothing there changes
     before = (out / "summary.json").read_text()
     other = [*_tiny(student), "--options", '{"s": 3}']
-    msg = _error(capsys, ["convert", str(teacher_run), "--run-dir", str(out), *other])
+    msg = one_line_error(capsys, ["convert", str(teacher_run), "--run-dir", str(out), *other])
     assert "holds another conversion" in msg and (out / "summary.json").read_text() == before
 
 
@@ -179,27 +178,24 @@ def test_window_student_swaps_without_stage_1(tmp_path, teacher_run):
     assert stage1["steps"] == 0 and stage1["init_figures"] == {}
 
 
-def _error(capsys, argv) -> str:
-    code = main(argv)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1, err
-    return err[0]
-
-
 def test_conversion_config_errors_are_one_line(capsys, tmp_path, teacher_run):
     base = ["convert", str(teacher_run), "--run-dir", str(tmp_path / "x")]
-    assert "no conversion config 'lm/english/convert/nope'" in _error(capsys, [*base, "-c", "lm/english/convert/nope"])
-    assert "student: expected one of" in _error(capsys, [*base, "--student", "linear"])
-    assert "stage2.tokens must be" in _error(capsys, [*base, "--stage2.tokens", "0"])
-    assert "--stage1.epochs: not a key of the conversion config" in _error(capsys, [*base, "--stage1.epochs", "3"])
-    assert "stage1.lr" in _error(capsys, [*base, "--stage1.lr", "'fast'"])
-    assert "stage1.tokens must be 0" in _error(
+    assert "no conversion config 'lm/english/convert/nope'" in one_line_error(
+        capsys, [*base, "-c", "lm/english/convert/nope"]
+    )
+    assert "student: expected one of" in one_line_error(capsys, [*base, "--student", "linear"])
+    assert "stage2.tokens must be" in one_line_error(capsys, [*base, "--stage2.tokens", "0"])
+    assert "--stage1.epochs: not a key of the conversion config" in one_line_error(
+        capsys, [*base, "--stage1.epochs", "3"]
+    )
+    assert "stage1.lr" in one_line_error(capsys, [*base, "--stage1.lr", "'fast'"])
+    assert "stage1.tokens must be 0" in one_line_error(
         capsys, [*base, "-c", "lm/english/convert/window", "--stage1.tokens", "5"]
     )
-    assert "no config.yaml" in _error(capsys, ["convert", str(tmp_path), "--run-dir", str(tmp_path / "y")])
+    assert "no config.yaml" in one_line_error(capsys, ["convert", str(tmp_path), "--run-dir", str(tmp_path / "y")])
     bad = tmp_path / "bad.yaml"
     bad.write_text("student: [unclosed\n")
-    assert "not valid YAML" in _error(capsys, [*base, "-c", str(bad)])
+    assert "not valid YAML" in one_line_error(capsys, [*base, "-c", str(bad)])
     assert not (tmp_path / "x").exists()  # nothing written for a bad config
 
 

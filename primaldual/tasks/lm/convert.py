@@ -35,13 +35,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-import yaml
 
 from ...options import check_int, check_number
 from ...train.config import ConfigError, RunConfig, apply_overrides
 from ...train.validate import validate_config
 from ...utils.io import atomic_write_json, atomic_write_text
-from ..conversion import CONVERT_ENTRIES, check_plan, find_convert_config, run_stage1
+from ..conversion import CONVERT_ENTRIES, check_plan, config_name, conversion_record, find_convert_config, run_stage1
 from ..conversion import load_convert_config as load_config
 from ..conversion import load_teacher as load_run_teacher
 
@@ -234,7 +233,7 @@ def convert_run(
     check_int("--seed", seed, low=0)
     tcfg, dm, tmodule, tsummary = load_teacher(teacher_dir)
     teacher = tmodule.model.eval()
-    name = Path(config).stem if config.endswith((".yaml", ".yml")) else config.split("/")[-1]
+    name = config_name(config)
     cfg = student_config(tcfg, conv, name, seed, tcfg.data.batch_size * tcfg.data.max_len)
     run_dir = check_run_dir(run_dir if run_dir is not None else default_run_dir(cfg), fresh)
     record = {
@@ -242,12 +241,7 @@ def convert_run(
         "config": config,
         "teacher": {"run_dir": str(teacher_dir.resolve()), "test_ppl": tsummary.get("test_ppl")},
     }
-    text = yaml.safe_dump(record, sort_keys=False)
-    saved = run_dir / "convert.yaml"
-    if not fresh and saved.is_file() and saved.read_text() != text:
-        raise ConfigError(
-            f"{run_dir} holds another conversion ({saved}); pass --fresh to start over there or another --run-dir"
-        )
+    text = conversion_record(run_dir, record, fresh)
 
     def before_training(module: Any, rd: Path, resuming: bool) -> None:
         if not resuming:

@@ -46,6 +46,7 @@ from ...train.lock import LOCK_NAME, RunLock
 from ...train.rundir import MARK
 from ...utils.errors import ConfigError
 from ...utils.io import atomic_write_bytes, atomic_write_json, atomic_write_text
+from ..conversion import config_name
 
 __all__ = ["HFData", "convert_hf_run", "is_hf_teacher", "load_hf_teacher", "perplexity", "token_stream", "windows"]
 
@@ -341,7 +342,7 @@ def convert_hf_run(
         raise ConfigError(
             f"stage2.decay: a Hugging Face conversion takes {sorted(SCHEDULES)}, got {conv.stage2.decay!r}"
         )
-    name = Path(config).stem if config.endswith((".yaml", ".yml")) else config.split("/")[-1]
+    name = config_name(config)
     teacher_name = Path(str(source)).stem if Path(str(source)).suffix == ".gguf" else Path(str(source)).name
     if run_dir is not None and not str(run_dir).strip():
         raise ConfigError("--run-dir: empty; give a directory for the conversion")
