@@ -23,9 +23,8 @@ from torch import Tensor, nn
 
 from ..attention.base import AttentionLayer
 from ..integrations.torch_nn import attention_from_projections, resolve_layer_indices
-from .init import init_from_teacher
-from .students import check_student, new_parameters
-from .transfer import TransferState, attention_transfer
+from .external import Reader, initialise_and_transfer
+from .students import check_student
 
 __all__ = ["convert_hf", "hf_attention_io", "hf_student_layers", "hf_teacher_layer"]
 
@@ -212,92 +211,40 @@ def convert_hf(
     if not all(hf.read_site(teacher, blocks[i], i).causal for i in chosen):
         check_student(student, options, causal=False)  # the window students look back: causal layers only
     model = hf.convert(copy.deepcopy(teacher), name, chosen, **fixed, **options)
-    report: dict[str, Any] = {"layers": chosen, "init": {}, "history": []}
     trains = student != "window"
-    if (init == "teacher" and trains) or (steps and trains):
-        if batches is None:
-            raise ValueError("batches: needed for the teacher initialisation and for stage 1")
-        it = map(_batch, batches)
-        if init == "teacher" and trains:
-            ids, mask = next(it)
-            if resume is None:
-                io = hf_attention_io(teacher, *_split(ids, mask), chosen)
-                students = hf_student_layers(model, chosen)
-                for i, layer, (x, _, rope) in zip(chosen, students, io):
-                    use = rope if type(layer).capabilities.rope else None
-                    report["init"][i] = init_from_teacher(layer, hf_teacher_layer(teacher, i), x, _key_mask(mask), use)
-        if steps:
-            state, opt, names = _stage1_state(model, chosen, lr, resume, report)
-            for _ in range(state.step):  # the updates done before: their batches
-                next(it)
-
-            def checkpoint(st: TransferState, optimiser: torch.optim.Optimizer) -> None:
-                if on_checkpoint is not None and st.step % log_every == 0 and st.step < steps:
-                    params = {n: p.detach().clone() for n, p in model.named_parameters() if n in names}
-                    on_checkpoint({"params": params, "optimizer": optimiser.state_dict(), "step": st.step,
-                                   "history": st.history, "init": report["init"], "rng": _rng_state()})  # fmt: skip
-
-            state = attention_transfer(
-                teacher,
-                model,
-                chosen,
-                _as_key_masks(it),
-                steps,
-                optimizer=opt,
-                state=state,
-                log_every=log_every,
-                on_log=on_log,
-                on_step=checkpoint,
-                io_fn=_io_with_hf_mask,
-                layers_fn=hf_student_layers,
-            )
-            report["history"] = state.history
+    if not ((init == "teacher" and trains) or (steps and trains)):
+        return model, {"layers": chosen, "init": {}, "history": []}
+    if batches is None:
+        raise ValueError("batches: needed for the teacher initialisation and for stage 1")
+    report = initialise_and_transfer(
+        teacher,
+        model,
+        chosen,
+        HF_READER,
+        map(_batch, batches),
+        steps=steps,
+        init=init,
+        lr=lr,
+        log_every=log_every,
+        on_log=on_log,
+        resume=resume,
+        on_checkpoint=on_checkpoint,
+    )
     return model, report
 
 
-def _stage1_state(
-    model: nn.Module, chosen: Sequence[int], lr: float, resume: dict[str, Any] | None, report: dict[str, Any]
-) -> tuple[TransferState, torch.optim.Optimizer, set[str]]:
-    """Stage 1's optimiser over the students' new parameters (their names returned), fresh or as ``resume`` left
-    it; a resumed stage 1 also takes back its parameters, progress, initialisation figures and random state."""
-    params = [p for layer in hf_student_layers(model, chosen) for p in new_parameters(layer)]
-    ids = {id(p) for p in params}
-    names = {n for n, p in model.named_parameters() if id(p) in ids}
-    opt = torch.optim.Adam(params, lr=lr)
-    if resume is None:
-        return TransferState(), opt, names
-    if set(resume["params"]) != names:
-        raise ValueError("resume: its parameters are not this conversion's (another student, layer set or model)")
-    model.load_state_dict(resume["params"], strict=False)
-    opt.load_state_dict(resume["optimizer"])
-    report["init"] = resume["init"]
-    torch.set_rng_state(resume["rng"]["cpu"])
-    if resume["rng"].get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(resume["rng"]["cuda"])
-    return TransferState(resume["step"], resume["history"]), opt, names
-
-
-def _rng_state() -> dict[str, Any]:
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    return {"cpu": torch.get_rng_state(), "cuda": cuda}
-
-
-def _split(inputs: Tensor | Mapping[str, Any], mask: Tensor | None) -> tuple[Any, Tensor | None]:
-    """``hf_attention_io``'s ``(ids, mask)`` for a batch: a mapping carries its mask inside."""
-    return (inputs, None) if isinstance(inputs, Mapping) else (inputs, mask)
-
-
-def _as_key_masks(
-    batches: Iterable[tuple[Tensor | Mapping[str, Any], Tensor | None]],
-) -> Iterable[tuple[Tensor | Mapping[str, Any], Tensor | None]]:
-    """Stage 1 computes its loss with bool key masks; the teacher forward gets them back as 0/1 (see below)."""
-    for inputs, mask in batches:
-        yield inputs, _key_mask(mask)
-
-
-def _io_with_hf_mask(
+def _reader_io(
     teacher: nn.Module, inputs: Tensor | Mapping[str, Any], mask: Tensor | None, layers: Sequence[int]
-) -> list[tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]]:
+) -> list[tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None, Tensor | None]]:
+    """:func:`hf_attention_io` with each layer's bool key mask: a batch's ``attention_mask`` (a mapping carries its
+    own) as the model is given it."""
     if isinstance(inputs, Mapping):
-        return hf_attention_io(teacher, inputs, None, layers)
-    return hf_attention_io(teacher, inputs, None if mask is None else mask.long(), layers)
+        mask, io = inputs.get("attention_mask"), hf_attention_io(teacher, inputs, None, layers)
+    else:
+        io = hf_attention_io(teacher, inputs, mask, layers)
+    key = _key_mask(mask)
+    return [(x, y, rope, key) for x, y, rope in io]
+
+
+#: how :func:`~primaldual.convert.external.initialise_and_transfer` reads a transformers model
+HF_READER = Reader(io=_reader_io, students=hf_student_layers, teacher_layer=hf_teacher_layer)

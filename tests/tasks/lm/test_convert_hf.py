@@ -192,7 +192,7 @@ def test_a_stage_1_killed_mid_way_continues_to_the_uninterrupted_result(teacher,
     state); a conversion stopped after update 4 of 10 continues there, to the same stage-1 model and history."""
     from safetensors.torch import load_file
 
-    import primaldual.convert.hf as hf_conv
+    import primaldual.convert.external as external
 
     from ...train.helpers import stage1_stopper
 
@@ -203,14 +203,14 @@ def test_a_stage_1_killed_mid_way_continues_to_the_uninterrupted_result(teacher,
     assert main(argv(tmp_path / "straight")) == 0
 
     starts: list[int] = []
-    stopping, recording = stage1_stopper(hf_conv.attention_transfer, 4, starts)
+    stopping, recording = stage1_stopper(external.attention_transfer, 4, starts)
 
     killed = tmp_path / "killed"
-    monkeypatch.setattr(hf_conv, "attention_transfer", stopping)
+    monkeypatch.setattr(external, "attention_transfer", stopping)
     assert main(argv(killed)) == 1  # the command reports the "crash" as unexpected
     capsys.readouterr()
     assert torch.load(killed / "convert" / "stage1.partial.pt", weights_only=True)["step"] == 4
-    monkeypatch.setattr(hf_conv, "attention_transfer", recording)
+    monkeypatch.setattr(external, "attention_transfer", recording)
     import primaldual.tasks.lm.convert_hf as task_conv
 
     measured: list[object] = []

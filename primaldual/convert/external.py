@@ -1,0 +1,132 @@
+"""The teacher initialisation and a resumable stage 1 for a model primaldual did not build.
+
+:func:`~primaldual.convert.hf.convert_hf` (transformers models) and :func:`~primaldual.convert.torch_nn.convert_torch`
+(models built on ``nn.TransformerEncoder`` / ``nn.TransformerDecoder``) differ only in how they find a layer and
+read its inputs; a :class:`Reader` says that, and :func:`initialise_and_transfer` does the rest the same way for
+both: the KSVD and least-squares initialisation on the calibration batch, then
+:func:`~primaldual.convert.transfer.attention_transfer` with checkpoints a killed stage 1 resumes from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..attention.base import AttentionLayer
+from .init import init_from_teacher
+from .students import new_parameters
+from .transfer import TransferState, attention_transfer
+
+__all__ = ["Reader", "initialise_and_transfer"]
+
+#: ``io(teacher, inputs, mask, layers)``: per layer ``(x (B, N, C), y (B, N, C), rope or None, key_mask or None)``
+IO = Callable[[nn.Module, Any, Tensor | None, Sequence[int]], list[tuple[Tensor, Tensor, Any, Tensor | None]]]
+
+
+@dataclass(frozen=True)
+class Reader:
+    """How a conversion reads one family of models.
+
+    Attributes:
+        io: one teacher forward in eval mode, no gradients: per converted layer its attention input ``x``, output
+            ``y`` (zero at padded tokens, before any residual), rotary tables (or None) and key mask ``(B, N)`` bool
+            (True = real token, or None).
+        students: ``(model, layers)`` -> the primaldual attention layers in the converted copy's ``layers``.
+        teacher_layer: ``(teacher, layer)`` -> that layer of the teacher as a primaldual softmax layer with its
+            weights (what the initialisation reads per-head outputs from).
+    """
+
+    io: IO
+    students: Callable[[nn.Module, Sequence[int]], list[AttentionLayer]]
+    teacher_layer: Callable[[nn.Module, int], AttentionLayer]
+
+
+def initialise_and_transfer(
+    teacher: nn.Module,
+    model: nn.Module,
+    layers: Sequence[int],
+    reader: Reader,
+    batches: Iterator[tuple[Any, Tensor | None]],
+    *,
+    steps: int,
+    init: str,
+    lr: float,
+    log_every: int,
+    on_log: Callable[[dict[str, float]], None] | None,
+    resume: dict[str, Any] | None,
+    on_checkpoint: Callable[[dict[str, Any]], None] | None,
+) -> dict[str, Any]:
+    """Initialise the students of ``model`` (the converted copy of ``teacher``) and run stage 1.
+
+    ``batches`` yields ``(inputs, mask)`` for ``reader.io``: the first calibrates the initialisation (with
+    ``init="teacher"``), the next ``steps`` train stage 1. The other arguments are
+    :func:`~primaldual.convert.hf.convert_hf`'s. Returns the report: ``layers``, ``init`` (per-layer figures) and
+    ``history`` (stage 1).
+    """
+    report: dict[str, Any] = {"layers": list(layers), "init": {}, "history": []}
+    if init == "teacher":
+        inputs, mask = next(batches)
+        if resume is None:
+            io = reader.io(teacher, inputs, mask, layers)
+            for i, layer, (x, _, rope, key) in zip(layers, reader.students(model, layers), io, strict=True):
+                use = rope if type(layer).capabilities.rope else None
+                report["init"][i] = init_from_teacher(layer, reader.teacher_layer(teacher, i), x, key, use)
+    if not steps:
+        return report
+    state, opt, names = _stage1_state(model, reader.students(model, layers), lr, resume, report)
+    for _ in range(state.step):  # the updates done before: their batches
+        next(batches)
+
+    def checkpoint(st: TransferState, optimiser: torch.optim.Optimizer) -> None:
+        if on_checkpoint is not None and st.step % log_every == 0 and st.step < steps:
+            params = {n: p.detach().clone() for n, p in model.named_parameters() if n in names}
+            on_checkpoint({"params": params, "optimizer": optimiser.state_dict(), "step": st.step,
+                           "history": st.history, "init": report["init"], "rng": _rng_state()})  # fmt: skip
+
+    state = attention_transfer(
+        teacher,
+        model,
+        layers,
+        batches,
+        steps,
+        optimizer=opt,
+        state=state,
+        log_every=log_every,
+        on_log=on_log,
+        on_step=checkpoint,
+        io_fn=reader.io,
+        layers_fn=reader.students,
+    )
+    report["history"] = state.history
+    return report
+
+
+def _stage1_state(
+    model: nn.Module, students: Sequence[AttentionLayer], lr: float, resume: dict[str, Any] | None, report: dict
+) -> tuple[TransferState, torch.optim.Optimizer, set[str]]:
+    """Stage 1's optimiser over the students' new parameters (their names returned), fresh or as ``resume`` left
+    it; a resumed stage 1 also takes back its parameters, progress, initialisation figures and random state."""
+    params = [p for layer in students for p in new_parameters(layer)]
+    ids = {id(p) for p in params}
+    names = {n for n, p in model.named_parameters() if id(p) in ids}
+    opt = torch.optim.Adam(params, lr=lr)
+    if resume is None:
+        return TransferState(), opt, names
+    if set(resume["params"]) != names:
+        raise ValueError("resume: its parameters are not this conversion's (another student, layer set or model)")
+    model.load_state_dict(resume["params"], strict=False)
+    opt.load_state_dict(resume["optimizer"])
+    report["init"] = resume["init"]
+    torch.set_rng_state(resume["rng"]["cpu"])
+    if resume["rng"].get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(resume["rng"]["cuda"])
+    return TransferState(resume["step"], resume["history"]), opt, names
+
+
+def _rng_state() -> dict[str, Any]:
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return {"cpu": torch.get_rng_state(), "cuda": cuda}
