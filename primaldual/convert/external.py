@@ -9,6 +9,7 @@ both: the KSVD and least-squares initialisation on the calibration batch, then
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -84,8 +85,9 @@ def initialise_and_transfer(
     def checkpoint(st: TransferState, optimiser: torch.optim.Optimizer) -> None:
         if on_checkpoint is not None and st.step % log_every == 0 and st.step < steps:
             params = {n: p.detach().clone() for n, p in model.named_parameters() if n in names}
-            on_checkpoint({"params": params, "optimizer": optimiser.state_dict(), "step": st.step,
-                           "history": st.history, "init": report["init"], "rng": _rng_state()})  # fmt: skip
+            # copies: Adam's moments and the history change in place as stage 1 goes on
+            on_checkpoint({"params": params, "optimizer": copy.deepcopy(optimiser.state_dict()), "step": st.step,
+                           "history": list(st.history), "init": report["init"], "rng": _rng_state()})  # fmt: skip
 
     state = attention_transfer(
         teacher,

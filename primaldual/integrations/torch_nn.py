@@ -43,6 +43,7 @@ __all__ = [
     "MultiheadSelfAttention",
     "accepts_attention_dropout",
     "attention_from_projections",
+    "call_is_causal",
     "check_causal_capability",
     "convert_transformer_decoder",
     "convert_transformer_encoder",
@@ -178,6 +179,27 @@ def key_mask_from_attention_mask(
         )
     keys = keys.expand(batch, kv_len)
     return None if bool(keys.all()) else keys
+
+
+def call_is_causal(attn_mask: Tensor | None, is_causal: bool, length: int) -> bool:
+    """Whether an ``nn.MultiheadAttention``-style self-attention call of ``length`` tokens asks for causal
+    attention: ``attn_mask`` (bool True = not allowed, or additive float) must be None, all-allowed or causal."""
+    if attn_mask is None:
+        return bool(is_causal)
+    if attn_mask.dim() != 2 or tuple(attn_mask.shape) != (length, length):
+        raise ValueError(
+            f"attn_mask must be None or a ({length}, {length}) causal mask for a primaldual self-attention, "
+            f"got shape {tuple(attn_mask.shape)}; per-head (B*H, N, N) masks are not supported"
+        )
+    allowed = _allowed_from_dense(attn_mask, "attn_mask", true_means="masked")
+    if bool(allowed.all()):
+        return bool(is_causal)
+    if bool((allowed == _causal_pattern(length, length, allowed.device)).all()):
+        return True
+    raise ValueError(
+        "attn_mask must be None or causal (e.g. nn.Transformer.generate_square_subsequent_mask); other "
+        "patterns cannot be expressed by a primaldual layer"
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -449,25 +471,6 @@ class MultiheadSelfAttention(nn.Module):
         )
         return cls(C, mha.num_heads, attention, batch_first=mha.batch_first, causal=causal, layer=layer)
 
-    def _call_is_causal(self, attn_mask: Tensor | None, is_causal: bool, length: int) -> bool:
-        """Whether the call asks for causal attention; ``attn_mask`` must be None, all-allowed or causal."""
-        if attn_mask is None:
-            return bool(is_causal)
-        if attn_mask.dim() != 2 or tuple(attn_mask.shape) != (length, length):
-            raise ValueError(
-                f"attn_mask must be None or a ({length}, {length}) causal mask for a primaldual self-attention, "
-                f"got shape {tuple(attn_mask.shape)}; per-head (B*H, N, N) masks are not supported"
-            )
-        allowed = _allowed_from_dense(attn_mask, "attn_mask", true_means="masked")
-        if bool(allowed.all()):
-            return bool(is_causal)
-        if bool((allowed == _causal_pattern(length, length, allowed.device)).all()):
-            return True
-        raise ValueError(
-            "attn_mask must be None or causal (e.g. nn.Transformer.generate_square_subsequent_mask); other "
-            "patterns cannot be expressed by a primaldual layer"
-        )
-
     def forward(
         self,
         query: Tensor,
@@ -509,7 +512,7 @@ class MultiheadSelfAttention(nn.Module):
         if unbatched and key_padding_mask is not None:
             key_padding_mask = key_padding_mask[None]  # (N,) -> (1, N)
         mask = key_mask_from_padding_mask(key_padding_mask, B, N)
-        causal = self._call_is_causal(attn_mask, is_causal, N)
+        causal = call_is_causal(attn_mask, is_causal, N)
         if causal != self.causal:
             raise ValueError(
                 f"this MultiheadSelfAttention was built with causal={self.causal}, but the call asks for "

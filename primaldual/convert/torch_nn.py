@@ -1,0 +1,235 @@
+"""Converting a trained model built on PyTorch's own layers: the self-attention of an ``nn.TransformerEncoder`` or
+``nn.TransformerDecoder`` inside any ``nn.Module``.
+
+:func:`convert_torch` is :func:`primaldual.convert.convert` for such a model: a converted copy (the teacher is left
+unchanged) whose chosen layers hold the students of :mod:`primaldual.convert` (put in place by
+:func:`primaldual.integrations.torch_nn.convert_transformer_encoder` / ``..._decoder``), initialised from the teacher
+and trained by the same stage 1 (:mod:`primaldual.convert.external`).
+
+The teacher's layer inputs and outputs are read by hooks on its ``nn.MultiheadAttention`` modules, with the key
+padding mask and causal mask each layer is given, so the model is called exactly as its own code calls it (its
+embedding, positional code and masks are the user's; nothing here needs to know them). PyTorch's fused encoder
+fast path, which skips those modules in eval mode, is turned off for the recording forward only.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..attention.base import AttentionLayer
+from ..integrations.torch_nn import (
+    MultiheadSelfAttention,
+    call_is_causal,
+    convert_transformer_decoder,
+    convert_transformer_encoder,
+    key_mask_from_padding_mask,
+    resolve_layer_indices,
+)
+from .external import Reader, initialise_and_transfer
+from .students import check_student
+
+__all__ = ["convert_torch", "find_stack", "torch_attention_io"]
+
+STACKS = (nn.TransformerEncoder, nn.TransformerDecoder)
+
+
+def find_stack(model: nn.Module, stack: str | None = None) -> tuple[str, nn.TransformerEncoder | nn.TransformerDecoder]:
+    """``(path, module)`` of the layer stack to convert: the one ``nn.TransformerEncoder`` / ``nn.TransformerDecoder``
+    inside ``model`` (``model`` itself counts), or the one at the attribute path ``stack`` (``"transformer.encoder"``),
+    which is needed when there are several (an ``nn.Transformer`` holds both)."""
+    if stack is not None:
+        if not isinstance(stack, str):
+            raise TypeError(f"stack must be an attribute path (str) such as 'encoder', got {type(stack).__name__}")
+        try:
+            found = model.get_submodule(stack)
+        except AttributeError:
+            raise ValueError(f"stack: {type(model).__name__} has no submodule {stack!r}") from None
+        if not isinstance(found, STACKS):
+            raise TypeError(
+                f"stack: {stack!r} is a {type(found).__name__}, not an nn.TransformerEncoder or nn.TransformerDecoder"
+            )
+        return stack, found
+    stacks = [(name, m) for name, m in model.named_modules() if isinstance(m, STACKS)]
+    if len(stacks) != 1:
+        where = ", ".join(repr(name) for name, _ in stacks) or "none"
+        raise ValueError(
+            f"{type(model).__name__} holds {len(stacks)} nn.TransformerEncoder / nn.TransformerDecoder stacks "
+            f"({where}); name the one to convert with stack='...'"
+        )
+    return stacks[0]
+
+
+def _call(model: nn.Module, batch: Any) -> Any:
+    """Call ``model`` on one batch: a tensor as ``model(x)``, a tuple as ``model(*batch)``, a mapping as
+    ``model(**batch)``."""
+    if isinstance(batch, Tensor):
+        return model(batch)
+    if isinstance(batch, tuple | list):
+        return model(*batch)
+    if isinstance(batch, Mapping):
+        return model(**batch)
+    raise TypeError(
+        f"batches: each batch is what the model is called with (a tensor, a tuple of positional arguments or a "
+        f"mapping of keyword arguments), got {type(batch).__name__}"
+    )
+
+
+def _argument(args: tuple, kwargs: dict, index: int, name: str, default: Any = None) -> Any:
+    """``nn.MultiheadAttention.forward``'s argument ``name`` (position ``index``) as it was called."""
+    return args[index] if len(args) > index else kwargs.get(name, default)
+
+
+@torch.no_grad()
+def torch_attention_io(
+    teacher: nn.Module, batch: Any, layers: Sequence[int], *, stack: str | None = None
+) -> list[tuple[Tensor, Tensor, Tensor | None, bool]]:
+    """The self-attention input ``x`` ``(B, N, C)``, output ``y`` ``(B, N, C)`` (after the output projection, zero
+    at padded tokens), key mask ``(B, N)`` bool (True = real token, or None) and mode (causal or not) of each of
+    ``layers`` of the stack, from one forward of ``teacher`` on ``batch`` in eval mode (see :func:`convert_torch`
+    for ``batch``)."""
+    _, found = find_stack(teacher, stack)
+    seen: dict[int, tuple[Tensor, Tensor, Tensor | None, bool]] = {}
+    hooks = []
+    for i in layers:
+        mha = found.layers[i].self_attn
+        if not isinstance(mha, nn.MultiheadAttention):
+            raise TypeError(f"layers: layer {i}'s self_attn is a {type(mha).__name__}, not an nn.MultiheadAttention")
+
+        def hook(mod: nn.MultiheadAttention, args: tuple, kwargs: dict, out: Any, i: int = i) -> None:
+            if i in seen:
+                raise ValueError(f"layer {i} ran twice in one forward: the transfer reads one call per layer")
+            q = _argument(args, kwargs, 0, "query")
+            if _argument(args, kwargs, 1, "key") is not q or _argument(args, kwargs, 2, "value") is not q:
+                raise ValueError(f"layer {i}: its self_attn was called with keys or values other than its queries")
+            unbatched = q.dim() == 2
+            x = q[None] if unbatched else (q if mod.batch_first else q.transpose(0, 1))  # (B, N, C)
+            y = out[0][None] if unbatched else (out[0] if mod.batch_first else out[0].transpose(0, 1))  # (B, N, C)
+            B, N, _ = x.shape
+            padding = _argument(args, kwargs, 3, "key_padding_mask")
+            if unbatched and padding is not None:
+                padding = padding[None]  # (N,) -> (1, N)
+            key = key_mask_from_padding_mask(padding, B, N)
+            causal = call_is_causal(_argument(args, kwargs, 5, "attn_mask"), kwargs.get("is_causal", False), N)
+            if key is not None:
+                y = y.masked_fill(~key[..., None], 0.0)  # the students' outputs are zero at padded tokens
+            seen[i] = (x.detach(), y.detach(), key, causal)
+
+        hooks.append(mha.register_forward_hook(hook, with_kwargs=True))
+    was, fast = teacher.training, torch.backends.mha.get_fastpath_enabled()
+    teacher.eval()
+    torch.backends.mha.set_fastpath_enabled(False)  # the fused encoder layer would not call self_attn
+    try:
+        _call(teacher, batch)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fast)
+        teacher.train(was)
+        for h in hooks:
+            h.remove()
+    missing = [i for i in layers if i not in seen]
+    if missing:
+        raise ValueError(f"layers {missing} of the stack did not run in the teacher's forward on this batch")
+    return [seen[i] for i in layers]
+
+
+def _reader(stack: str, causal: bool) -> Reader:
+    """How :func:`~primaldual.convert.external.initialise_and_transfer` reads a model of ``nn.Transformer*`` layers
+    whose students are ``causal`` (or not); a layer called in the other mode is an error."""
+
+    def io(teacher: nn.Module, batch: Any, _: Tensor | None, layers: Sequence[int]) -> list[tuple]:
+        out = torch_attention_io(teacher, batch, layers, stack=stack)
+        for i, (*_, mode) in zip(layers, out):
+            if mode != causal:
+                raise ValueError(
+                    f"causal: layer {i} of the teacher was called {'causal' if mode else 'bidirectional'}, but the "
+                    f"students are built with causal={causal}; pass causal={mode}"
+                )
+        return [(x, y, None, key) for x, y, key, _ in out]
+
+    def students(model: nn.Module, layers: Sequence[int]) -> list[AttentionLayer]:
+        found = model.get_submodule(stack).layers
+        return [found[i].self_attn.attn for i in layers]
+
+    def teacher_layer(teacher: nn.Module, index: int) -> AttentionLayer:
+        mha = teacher.get_submodule(stack).layers[index].self_attn
+        return MultiheadSelfAttention.from_torch(mha, "softmax", causal=causal).attn.eval()
+
+    return Reader(io=io, students=students, teacher_layer=teacher_layer)
+
+
+def convert_torch(
+    teacher: nn.Module,
+    student: str = "primal",
+    layers: int | Sequence[int] | str = (-1,),
+    *,
+    stack: str | None = None,
+    causal: bool | None = None,
+    batches: Iterable[Any] | None = None,
+    steps: int = 0,
+    init: str = "teacher",
+    lr: float = 3e-4,
+    log_every: int = 10,
+    on_log: Callable[[dict[str, float]], None] | None = None,
+    resume: dict[str, Any] | None = None,
+    on_checkpoint: Callable[[dict[str, Any]], None] | None = None,
+    **options: Any,
+) -> tuple[nn.Module, dict[str, Any]]:
+    """A converted copy of ``teacher`` (left unchanged), a model holding an ``nn.TransformerEncoder`` or
+    ``nn.TransformerDecoder``: swap, initialisation, stage 1.
+
+    Args:
+        teacher: any ``nn.Module`` whose self-attention to convert is that of the layers of one such stack.
+        student, layers, steps, init, lr, log_every, on_log, resume, on_checkpoint, options: as
+            :func:`~primaldual.convert.hf.convert_hf` (``layers`` index the stack's layers).
+        stack: the stack's attribute path in ``teacher`` (``"transformer.encoder"``); needed only when it holds
+            several (:func:`find_stack`).
+        causal: the students' mode; default False for an encoder stack and True for a decoder's self-attention.
+            Every converted layer must be called in that mode (``is_causal=True`` or a causal mask), which is
+            checked on each batch read.
+        batches: what ``teacher`` is called with, one item per forward: a tensor (``teacher(x)``), a tuple of
+            positional arguments (``teacher(x, padding_mask)``) or a mapping of keyword arguments; masks are read
+            where the model hands them to its layers. The first calibrates the initialisation, the next ``steps``
+            train stage 1.
+
+    Returns:
+        ``(model, report)``: report holds ``layers``, ``init`` (per-layer figures) and ``history`` (stage 1).
+        Stage 2 is training the returned model on its task's loss plus :func:`primaldual.collect_aux_loss`.
+    """
+    from . import check_stages
+
+    check_stages(init, steps)
+    path, found = find_stack(teacher, stack)
+    decoder = isinstance(found, nn.TransformerDecoder)
+    if causal is None:
+        causal = decoder
+    elif not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool or None, got {causal!r} ({type(causal).__name__})")
+    name, fixed = check_student(student, options, causal)
+    chosen = resolve_layer_indices(layers, len(found.layers))
+    model = copy.deepcopy(teacher)
+    swap = convert_transformer_decoder if decoder else convert_transformer_encoder
+    swap(model.get_submodule(path), name, chosen, causal=causal, **fixed, **options)
+    trains = student != "window"
+    if not ((init == "teacher" and trains) or (steps and trains)):
+        return model, {"layers": chosen, "init": {}, "history": []}
+    if batches is None:
+        raise ValueError("batches: needed for the teacher initialisation and for stage 1")
+    report = initialise_and_transfer(
+        teacher,
+        model,
+        chosen,
+        _reader(path, causal),
+        ((batch, None) for batch in batches),
+        steps=steps,
+        init=init,
+        lr=lr,
+        log_every=log_every,
+        on_log=on_log,
+        resume=resume,
+        on_checkpoint=on_checkpoint,
+    )
+    return model, report

@@ -1,0 +1,168 @@
+"""Converting a model built on ``nn.TransformerEncoder`` / ``nn.TransformerDecoder`` (``convert_torch``): what the
+hooks read is the teacher's own attention (layouts, norms, padding, causal masks, the fused fast path), the teacher
+initialisation and stage 1, a resumed stage 1, and what is refused."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from primaldual import collect_aux_loss
+from primaldual.attention.primal import PrimalAttention
+from primaldual.convert import layer_losses
+from primaldual.convert.torch_nn import _reader, convert_torch, find_stack, torch_attention_io
+
+
+class Net(nn.Module):
+    """A user's classifier or causal LM on ``nn.TransformerEncoder``: ``(B, N, F)`` features -> ``(B, N, 3)``."""
+
+    def __init__(self, *, batch_first: bool = True, norm_first: bool = False, causal: bool = False) -> None:
+        super().__init__()
+        self.embed = nn.Linear(5, 32)
+        layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1, batch_first=batch_first, norm_first=norm_first)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=batch_first and not norm_first)
+        self.head = nn.Linear(32, 3)
+        self.batch_first, self.causal = batch_first, causal
+
+    def forward(self, x: torch.Tensor, padding: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.embed(x)
+        h = h if self.batch_first else h.transpose(0, 1)  # (B, N, C) -> (N, B, C)
+        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1], dtype=x.dtype) if self.causal else None
+        h = self.encoder(h, mask=mask, src_key_padding_mask=padding, is_causal=self.causal)
+        h = h if self.batch_first else h.transpose(0, 1)  # (N, B, C) -> (B, N, C)
+        return self.head(h)
+
+
+def _net(seed: int = 0, **kw) -> Net:
+    torch.manual_seed(seed)
+    return Net(**kw).double().eval()
+
+
+def _batch(seed: int, padding: str | None = "bool", B: int = 4) -> tuple:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, 10, 5, generator=g, dtype=torch.float64)
+    if padding is None:
+        return (x,)
+    pad = torch.zeros(B, 10, dtype=torch.bool)
+    pad[0, 7:] = pad[2, 4:] = True  # True = padding, PyTorch's convention
+    return x, pad if padding == "bool" else torch.zeros(4, 10, dtype=torch.float64).masked_fill(pad, float("-inf"))
+
+
+@pytest.mark.parametrize("padding", [None, "bool", "float"])
+@pytest.mark.parametrize(("batch_first", "norm_first"), [(True, False), (False, True), (True, True)])
+def test_the_recorded_attention_is_the_teachers_own(batch_first, norm_first, padding):
+    """x and y read by the hooks, with the key mask each layer got: the teacher's layer rebuilt as a primaldual
+    softmax layer maps x to y. An eval-mode encoder with its nested-tensor fast path on still calls the hooks."""
+    teacher = _net(batch_first=batch_first, norm_first=norm_first)
+    batch = _batch(1, padding)
+    io = torch_attention_io(teacher, batch, [0, 1])
+    reader = _reader("encoder", False)
+    for i, (x, y, key, causal) in enumerate(io):
+        assert x.shape == y.shape == (4, 10, 32) and causal is False
+        assert (key is None) == (padding is None)
+        if key is not None:
+            assert key.dtype == torch.bool and int(key.sum()) == 40 - 3 - 6
+        torch.testing.assert_close(reader.teacher_layer(teacher, i)(x, key), y)
+    assert torch.backends.mha.get_fastpath_enabled() and not teacher.training  # both restored
+
+
+def test_a_causal_lm_and_a_decoders_self_attention_are_read_causal():
+    lm = _net(causal=True)
+    ((x, y, key, causal),) = torch_attention_io(lm, _batch(2, None), [1])
+    assert causal and key is None
+    torch.testing.assert_close(_reader("encoder", True).teacher_layer(lm, 1)(x), y)
+
+    torch.manual_seed(0)
+    decoder = nn.TransformerDecoder(nn.TransformerDecoderLayer(32, 4, 64, batch_first=True), 2).double().eval()
+    tgt, memory = torch.randn(2, 6, 32, dtype=torch.float64), torch.randn(2, 9, 32, dtype=torch.float64)
+    batch = {"tgt": tgt, "memory": memory, "tgt_mask": nn.Transformer.generate_square_subsequent_mask(6)}
+    ((x, y, _, causal),) = torch_attention_io(decoder, batch, [0])
+    assert causal and torch.equal(x, tgt)
+    torch.testing.assert_close(_reader("", True).teacher_layer(decoder, 0)(x), y)
+    model, report = convert_torch(decoder, "hybrid", "all", batches=[batch] * 3, steps=2, window=4, sinks=1, s=4)
+    assert len(report["history"]) == 2 and model(**batch).shape == (2, 6, 32)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_teacher_initialisation_and_stage_1(causal):
+    """J = 0 at the initialisation; held out, the students start far closer to the teacher than the primal layer's
+    own initialisation does; stage 1 trains; the teacher is left as it was; the copy trains end to end."""
+    teacher = _net(causal=causal)
+    before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    batches = [_batch(10, B=32)] + [_batch(11 + i) for i in range(5)]  # a calibration batch, then stage 1's
+    opts = {"s": 6} if causal else {"s": 6, "max_len": 10}
+    model, report = convert_torch(teacher, "primal", "all", causal=causal, batches=batches, steps=5, log_every=1,
+                                  **opts)  # fmt: skip
+    assert report["layers"] == [0, 1] and len(report["history"]) == 5
+    assert all(abs(report["init"][i]["J"]) < 1e-6 for i in (0, 1))
+    assert all(isinstance(m.self_attn.attn, PrimalAttention) for m in model.encoder.layers)
+    assert all(torch.equal(v, teacher.state_dict()[k]) for k, v in before.items())
+
+    reader = _reader("encoder", causal)
+    held = reader.io(teacher, _batch(99, B=16), None, [0, 1])
+    fitted, _ = convert_torch(teacher, "primal", "all", causal=causal, batches=batches[:1], **opts)
+    random, _ = convert_torch(teacher, "primal", "all", causal=causal, init="random", **opts)
+    with torch.no_grad():
+        ours, theirs = (layer_losses(reader.students(m, [0, 1]), held, None) for m in (fitted, random))
+    assert bool((ours < theirs).all() and (ours < 1).all()), (ours, theirs)
+
+    model.train()
+    x, pad = _batch(5)
+    loss = model(x, pad).square().mean() + collect_aux_loss(model)
+    loss.backward()
+    assert model.encoder.layers[0].self_attn.attn.w_e.grad is not None
+
+
+def test_a_stage_1_resumed_from_its_checkpoint_ends_where_an_uninterrupted_one_does():
+    teacher = _net()
+    batches = [_batch(20 + i) for i in range(7)]
+    straight, a = convert_torch(teacher, "primal", -1, batches=batches, steps=6, log_every=2, s=4, max_len=10)
+    saved: list[dict] = []
+    with pytest.raises(StopIteration):  # the stream runs out after 3 updates: a "crash"
+        convert_torch(teacher, "primal", -1, batches=batches[:4], steps=6, log_every=2, on_checkpoint=saved.append,
+                      s=4, max_len=10)  # fmt: skip
+    resumed, b = convert_torch(teacher, "primal", -1, batches=batches, steps=6, log_every=2, resume=saved[0], s=4,
+                               max_len=10)  # fmt: skip
+    assert saved[0]["step"] == 2 and a["history"] == b["history"]
+    for (k, v), w in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        torch.testing.assert_close(v, w, msg=k)
+
+
+def test_what_is_refused():
+    teacher = _net()
+    batches = [_batch(0)] * 3
+    with pytest.raises(ValueError, match=r"2 nn.TransformerEncoder / nn.TransformerDecoder stacks \('encoder', "
+                       r"'decoder'\); name the one"):  # fmt: skip
+        find_stack(nn.Transformer(16, 2, 1, 1, 32))
+    assert find_stack(nn.Transformer(16, 2, 1, 1, 32), "decoder")[0] == "decoder"
+    with pytest.raises(ValueError, match="stack: Net has no submodule 'body'"):
+        convert_torch(teacher, stack="body")
+    with pytest.raises(TypeError, match="stack: 'head' is a Linear, not an nn.TransformerEncoder"):
+        convert_torch(teacher, stack="head")
+    with pytest.raises(ValueError, match="Linear holds 0 nn.TransformerEncoder"):
+        convert_torch(nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="causal must be a bool or None, got 'false'"):
+        convert_torch(teacher, causal="false")
+    with pytest.raises(ValueError, match="student 'hybrid' is causal only"):
+        convert_torch(teacher, "hybrid")
+    with pytest.raises(ValueError, match="batches: needed for the teacher initialisation"):
+        convert_torch(teacher, s=4, max_len=10)
+    with pytest.raises(ValueError, match=r"causal: layer 1 of the teacher was called bidirectional, but the students "
+                       r"are built with causal=True; pass causal=False"):  # fmt: skip
+        convert_torch(teacher, causal=True, batches=batches, s=4)
+    with pytest.raises(TypeError, match="batches: each batch is what the model is called with"):
+        convert_torch(teacher, batches=[7], s=4, max_len=10)
+    with pytest.raises(IndexError, match="layer index 2 is out of range"):
+        convert_torch(teacher, layers=2)
+
+
+def test_the_docs_example_runs():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "conversion.md").read_text()
+    code = next(c for c in re.findall(r"```python\n(.*?)```", doc, re.S) if "convert_torch" in c)
+    scope: dict = {}
+    exec(compile(code, "docs/conversion.md", "exec"), scope)
+    assert abs(scope["report"]["init"][5]["J"]) < 1e-5 and len(scope["report"]["history"]) == 3
