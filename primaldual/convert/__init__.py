@@ -8,7 +8,10 @@ runs both, with a run directory, see ``docs/conversion.md``).
 * :mod:`.students`: the students (``primal``, ``hybrid``, ``window``) and :func:`swap_attention`;
 * :mod:`.init`: the KSVD and least-squares initialisation from the teacher (:func:`init_from_teacher`);
 * :mod:`.transfer`: the teacher-forced stage 1 (:func:`attention_transfer`);
-* :mod:`.lora`: low-rank adapters for stage 2 (:func:`add_lora`, :func:`merge_lora`).
+* :mod:`.lora`: low-rank adapters for stage 2 (:func:`add_lora`, :func:`merge_lora`);
+* :mod:`.torch_nn` and :mod:`.hf`: the same for a model on ``nn.TransformerEncoder`` / ``nn.TransformerDecoder``
+  (:func:`convert_torch`) and for a transformers model (``convert_hf``, which needs transformers), over
+  :mod:`.external`.
 """
 
 from __future__ import annotations
@@ -18,17 +21,21 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from .external import INITS, check_stages
 from .init import init_from_teacher, ksvd_init, least_squares_map
 from .lora import add_lora, merge_lora
 from .students import STUDENTS, find_blocks, new_parameters, student_plan, swap_attention
+from .torch_nn import convert_torch
 from .transfer import TransferState, attention_transfer, layer_losses, teacher_attention_io
 
 __all__ = [
+    "INITS",
     "STUDENTS",
     "TransferState",
     "add_lora",
     "attention_transfer",
     "convert",
+    "convert_torch",
     "find_blocks",
     "init_from_teacher",
     "initialise_students",
@@ -41,16 +48,6 @@ __all__ = [
     "swap_attention",
     "teacher_attention_io",
 ]
-
-INITS = ("teacher", "random")
-
-
-def check_stages(init: str, steps: int) -> None:
-    """The initialisation and stage-1 arguments of :func:`convert` and :func:`~primaldual.convert.hf.convert_hf`."""
-    if init not in INITS:
-        raise ValueError(f"init must be one of {INITS}, got {init!r}")
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
-        raise ValueError(f"steps must be an int >= 0, got {steps!r}")
 
 
 def initialise_students(

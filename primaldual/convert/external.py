@@ -22,7 +22,20 @@ from .init import init_from_teacher
 from .students import new_parameters
 from .transfer import TransferState, attention_transfer
 
-__all__ = ["Reader", "initialise_and_transfer"]
+__all__ = ["INITS", "Reader", "check_stages", "initialise_and_transfer"]
+
+#: the ``init`` choices of a conversion
+INITS = ("teacher", "random")
+
+
+def check_stages(init: str, steps: int) -> None:
+    """The initialisation and stage-1 arguments of :func:`~primaldual.convert.convert`,
+    :func:`~primaldual.convert.hf.convert_hf` and :func:`~primaldual.convert.torch_nn.convert_torch`."""
+    if init not in INITS:
+        raise ValueError(f"init must be one of {INITS}, got {init!r}")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        raise ValueError(f"steps must be an int >= 0, got {steps!r}")
+
 
 #: ``io(teacher, inputs, mask, layers)``: per layer ``(x (B, N, C), y (B, N, C), rope or None, key_mask or None)``
 IO = Callable[[nn.Module, Any, Tensor | None, Sequence[int]], list[tuple[Tensor, Tensor, Any, Tensor | None]]]

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from ..attention.base import AttentionLayer
 from ..integrations.torch_nn import attention_from_projections, resolve_layer_indices
-from .external import Reader, initialise_and_transfer
+from .external import Reader, check_stages, initialise_and_transfer
 from .students import check_student
 
 __all__ = ["convert_hf", "hf_attention_io", "hf_student_layers", "hf_teacher_layer"]
@@ -201,8 +201,6 @@ def convert_hf(
     Returns:
         ``(model, report)``: report holds ``layers``, ``init`` (per-layer figures) and ``history`` (stage 1).
     """
-    from . import check_stages
-
     check_stages(init, steps)
     name, fixed = check_student(student, options)
     hf = _hf()

@@ -30,7 +30,7 @@ from ..integrations.torch_nn import (
     key_mask_from_padding_mask,
     resolve_layer_indices,
 )
-from .external import Reader, initialise_and_transfer
+from .external import Reader, check_stages, initialise_and_transfer
 from .students import check_student
 
 __all__ = ["convert_torch", "find_stack", "torch_attention_io"]
@@ -199,8 +199,6 @@ def convert_torch(
         ``(model, report)``: report holds ``layers``, ``init`` (per-layer figures) and ``history`` (stage 1).
         Stage 2 is training the returned model on its task's loss plus :func:`primaldual.collect_aux_loss`.
     """
-    from . import check_stages
-
     check_stages(init, steps)
     path, found = find_stack(teacher, stack)
     decoder = isinstance(found, nn.TransformerDecoder)
