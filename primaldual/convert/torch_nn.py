@@ -1,10 +1,10 @@
 """Converting a trained model built on PyTorch's own layers: the self-attention of an ``nn.TransformerEncoder`` or
-``nn.TransformerDecoder`` inside any ``nn.Module``.
+``nn.TransformerDecoder``, or the ``nn.MultiheadAttention`` modules of a model's own blocks.
 
 :func:`convert_torch` is :func:`primaldual.convert.convert` for such a model: a converted copy (the teacher is left
-unchanged) whose chosen layers hold the students of :mod:`primaldual.convert` (put in place by
-:func:`primaldual.integrations.torch_nn.convert_transformer_encoder` / ``..._decoder``), initialised from the teacher
-and trained by the same stage 1 (:mod:`primaldual.convert.external`).
+unchanged) whose chosen layers are :class:`~primaldual.integrations.torch_nn.MultiheadSelfAttention` stand-ins
+holding the students of :mod:`primaldual.convert` (the same call and return as ``nn.MultiheadAttention``),
+initialised from the teacher and trained by the same stage 1 (:mod:`primaldual.convert.external`).
 
 The teacher's layer inputs and outputs are read by hooks on its ``nn.MultiheadAttention`` modules, with the key
 padding mask and causal mask each layer is given, so the model is called exactly as its own code calls it (its
@@ -25,43 +25,55 @@ from ..attention.base import AttentionLayer
 from ..integrations.torch_nn import (
     MultiheadSelfAttention,
     call_is_causal,
-    convert_transformer_decoder,
-    convert_transformer_encoder,
     key_mask_from_padding_mask,
     resolve_layer_indices,
 )
 from .external import Reader, check_stages, initialise_and_transfer
 from .students import check_student
 
-__all__ = ["convert_torch", "find_stack", "torch_attention_io"]
+__all__ = ["convert_torch", "find_attention", "torch_attention_io"]
 
 STACKS = (nn.TransformerEncoder, nn.TransformerDecoder)
 
 
-def find_stack(model: nn.Module, stack: str | None = None) -> tuple[str, nn.TransformerEncoder | nn.TransformerDecoder]:
-    """``(path, module)`` of the layer stack to convert: the one ``nn.TransformerEncoder`` / ``nn.TransformerDecoder``
-    inside ``model`` (``model`` itself counts), or the one at the attribute path ``stack`` (``"transformer.encoder"``),
-    which is needed when there are several (an ``nn.Transformer`` holds both)."""
+def find_attention(model: nn.Module, stack: str | None = None) -> tuple[list[str], bool]:
+    """The attribute paths of the self-attention modules to convert, in order (what ``layers`` index), and whether
+    they are a decoder's (causal by default).
+
+    * ``stack`` None: the ``self_attn`` of the layers of the one ``nn.TransformerEncoder`` / ``nn.TransformerDecoder``
+      in ``model`` (``model`` itself counts); with none, every ``nn.MultiheadAttention`` of ``model`` (a model built
+      of its own blocks); with several (an ``nn.Transformer`` holds both), an error asking for ``stack``.
+    * ``stack`` the attribute path of a submodule (``"transformer.encoder"``, ``"blocks"``): the same rule inside it.
+    """
+    root = ""
     if stack is not None:
         if not isinstance(stack, str):
             raise TypeError(f"stack must be an attribute path (str) such as 'encoder', got {type(stack).__name__}")
         try:
-            found = model.get_submodule(stack)
+            model = model.get_submodule(stack)
         except AttributeError:
             raise ValueError(f"stack: {type(model).__name__} has no submodule {stack!r}") from None
-        if not isinstance(found, STACKS):
-            raise TypeError(
-                f"stack: {stack!r} is a {type(found).__name__}, not an nn.TransformerEncoder or nn.TransformerDecoder"
-            )
-        return stack, found
+        root = f"{stack}." if stack else ""
     stacks = [(name, m) for name, m in model.named_modules() if isinstance(m, STACKS)]
-    if len(stacks) != 1:
-        where = ", ".join(repr(name) for name, _ in stacks) or "none"
+    if len(stacks) > 1:
+        where = ", ".join(repr(root + name) for name, _ in stacks)
         raise ValueError(
             f"{type(model).__name__} holds {len(stacks)} nn.TransformerEncoder / nn.TransformerDecoder stacks "
             f"({where}); name the one to convert with stack='...'"
         )
-    return stacks[0]
+    if stacks:
+        name, found = stacks[0]
+        prefix = f"{root}{name}." if name else root
+        return [f"{prefix}layers.{i}.self_attn" for i in range(len(found.layers))], isinstance(found, STACKS[1])
+    # a converted copy's stand-ins count: the same indices name the same layers before and after
+    paths = [
+        root + n for n, m in model.named_modules() if isinstance(m, nn.MultiheadAttention | MultiheadSelfAttention)
+    ]
+    if not paths:
+        raise ValueError(
+            f"{type(model).__name__} holds no nn.MultiheadAttention, nn.TransformerEncoder or nn.TransformerDecoder"
+        )
+    return paths, False
 
 
 def _call(model: nn.Module, batch: Any) -> Any:
@@ -90,22 +102,25 @@ def torch_attention_io(
 ) -> list[tuple[Tensor, Tensor, Tensor | None, bool]]:
     """The self-attention input ``x`` ``(B, N, C)``, output ``y`` ``(B, N, C)`` (after the output projection, zero
     at padded tokens), key mask ``(B, N)`` bool (True = real token, or None) and mode (causal or not) of each of
-    ``layers`` of the stack, from one forward of ``teacher`` on ``batch`` in eval mode (see :func:`convert_torch`
-    for ``batch``)."""
-    _, found = find_stack(teacher, stack)
+    ``layers`` (indices into :func:`find_attention`'s list), from one forward of ``teacher`` on ``batch`` in eval
+    mode (see :func:`convert_torch` for ``batch``)."""
+    paths, _ = find_attention(teacher, stack)
     seen: dict[int, tuple[Tensor, Tensor, Tensor | None, bool]] = {}
     hooks = []
     for i in layers:
-        mha = found.layers[i].self_attn
+        mha = teacher.get_submodule(paths[i])
         if not isinstance(mha, nn.MultiheadAttention):
-            raise TypeError(f"layers: layer {i}'s self_attn is a {type(mha).__name__}, not an nn.MultiheadAttention")
+            raise TypeError(f"layers: layer {i} ({paths[i]}) is a {type(mha).__name__}, not an nn.MultiheadAttention")
 
         def hook(mod: nn.MultiheadAttention, args: tuple, kwargs: dict, out: Any, i: int = i) -> None:
             if i in seen:
                 raise ValueError(f"layer {i} ran twice in one forward: the transfer reads one call per layer")
             q = _argument(args, kwargs, 0, "query")
             if _argument(args, kwargs, 1, "key") is not q or _argument(args, kwargs, 2, "value") is not q:
-                raise ValueError(f"layer {i}: its self_attn was called with keys or values other than its queries")
+                raise ValueError(
+                    f"layer {i} ({paths[i]}) was called with keys or values other than its queries: not "
+                    "self-attention (name the module holding the self-attention layers with stack='...')"
+                )
             unbatched = q.dim() == 2
             x = q[None] if unbatched else (q if mod.batch_first else q.transpose(0, 1))  # (B, N, C)
             y = out[0][None] if unbatched else (out[0] if mod.batch_first else out[0].transpose(0, 1))  # (B, N, C)
@@ -136,9 +151,9 @@ def torch_attention_io(
     return [seen[i] for i in layers]
 
 
-def _reader(stack: str, causal: bool) -> Reader:
-    """How :func:`~primaldual.convert.external.initialise_and_transfer` reads a model of ``nn.Transformer*`` layers
-    whose students are ``causal`` (or not); a layer called in the other mode is an error."""
+def _reader(stack: str | None, causal: bool) -> Reader:
+    """How :func:`~primaldual.convert.external.initialise_and_transfer` reads a model of ``nn.MultiheadAttention``
+    layers whose students are ``causal`` (or not); a layer called in the other mode is an error."""
 
     def io(teacher: nn.Module, batch: Any, _: Tensor | None, layers: Sequence[int]) -> list[tuple]:
         out = torch_attention_io(teacher, batch, layers, stack=stack)
@@ -151,11 +166,11 @@ def _reader(stack: str, causal: bool) -> Reader:
         return [(x, y, None, key) for x, y, key, _ in out]
 
     def students(model: nn.Module, layers: Sequence[int]) -> list[AttentionLayer]:
-        found = model.get_submodule(stack).layers
-        return [found[i].self_attn.attn for i in layers]
+        paths, _ = find_attention(model, stack)
+        return [model.get_submodule(paths[i]).attn for i in layers]
 
     def teacher_layer(teacher: nn.Module, index: int) -> AttentionLayer:
-        mha = teacher.get_submodule(stack).layers[index].self_attn
+        mha = teacher.get_submodule(find_attention(teacher, stack)[0][index])
         return MultiheadSelfAttention.from_torch(mha, "softmax", causal=causal).attn.eval()
 
     return Reader(io=io, students=students, teacher_layer=teacher_layer)
@@ -178,15 +193,17 @@ def convert_torch(
     on_checkpoint: Callable[[dict[str, Any]], None] | None = None,
     **options: Any,
 ) -> tuple[nn.Module, dict[str, Any]]:
-    """A converted copy of ``teacher`` (left unchanged), a model holding an ``nn.TransformerEncoder`` or
-    ``nn.TransformerDecoder``: swap, initialisation, stage 1.
+    """A converted copy of ``teacher`` (left unchanged), a model whose attention is PyTorch's: swap, initialisation,
+    stage 1.
 
     Args:
-        teacher: any ``nn.Module`` whose self-attention to convert is that of the layers of one such stack.
+        teacher: any ``nn.Module`` whose self-attention layers are ``nn.MultiheadAttention`` modules (those of an
+            ``nn.TransformerEncoder`` / ``nn.TransformerDecoder``, or of its own blocks).
         student, layers, steps, init, lr, log_every, on_log, resume, on_checkpoint, options: as
-            :func:`~primaldual.convert.hf.convert_hf` (``layers`` index the stack's layers).
-        stack: the stack's attribute path in ``teacher`` (``"transformer.encoder"``); needed only when it holds
-            several (:func:`find_stack`).
+            :func:`~primaldual.convert.hf.convert_hf` (``layers`` index :func:`find_attention`'s list).
+        stack: where the self-attention layers are (:func:`find_attention`): by default the one
+            ``nn.TransformerEncoder`` / ``nn.TransformerDecoder`` stack, or with none every ``nn.MultiheadAttention``
+            of ``teacher``; an attribute path (``"transformer.encoder"``, ``"blocks"``) looks inside that module.
         causal: the students' mode; default False for an encoder stack and True for a decoder's self-attention.
             Every converted layer must be called in that mode (``is_causal=True`` or a causal mask), which is
             checked on each batch read.
@@ -200,17 +217,24 @@ def convert_torch(
         Stage 2 is training the returned model on its task's loss plus :func:`primaldual.collect_aux_loss`.
     """
     check_stages(init, steps)
-    path, found = find_stack(teacher, stack)
-    decoder = isinstance(found, nn.TransformerDecoder)
+    paths, decoder = find_attention(teacher, stack)
     if causal is None:
         causal = decoder
     elif not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool or None, got {causal!r} ({type(causal).__name__})")
     name, fixed = check_student(student, options, causal)
-    chosen = resolve_layer_indices(layers, len(found.layers))
+    chosen = resolve_layer_indices(layers, len(paths))
     model = copy.deepcopy(teacher)
-    swap = convert_transformer_decoder if decoder else convert_transformer_encoder
-    swap(model.get_submodule(path), name, chosen, causal=causal, **fixed, **options)
+    for i in chosen:
+        parent, _, attr = paths[i].rpartition(".")
+        mha = model.get_submodule(paths[i])
+        if not isinstance(mha, nn.MultiheadAttention):
+            raise TypeError(f"layers: layer {i} ({paths[i]}) is a {type(mha).__name__}, not an nn.MultiheadAttention")
+        stand_in = MultiheadSelfAttention.from_torch(mha, name, causal=causal, **fixed, **options)
+        setattr(model.get_submodule(parent), attr, stand_in)
+    for where, m in model.named_modules():
+        if isinstance(m, nn.TransformerEncoder) and any(paths[i].startswith(f"{where}.") for i in chosen):
+            m.use_nested_tensor = False  # its nested-tensor fast path would bypass the stand-ins
     trains = student != "window"
     if not ((init == "teacher" and trains) or (steps and trains)):
         return model, {"layers": chosen, "init": {}, "history": []}
@@ -220,7 +244,7 @@ def convert_torch(
         teacher,
         model,
         chosen,
-        _reader(path, causal),
+        _reader(stack, causal),
         ((batch, None) for batch in batches),
         steps=steps,
         init=init,
