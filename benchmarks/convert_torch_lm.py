@@ -45,7 +45,8 @@ LEN, BATCH = 256, 8
 
 
 class WordLM(nn.Module):
-    """PyTorch's word-language-model Transformer, pre-LN, with tied embeddings: ``(B, N)`` ids -> ``(B, N, V)``."""
+    """PyTorch's word-language-model Transformer (its embedding initialisation and scale), pre-LN, with tied
+    embeddings: ``(B, N)`` ids -> ``(B, N, V)``."""
 
     def __init__(self, vocab: int, dim: int = 128, heads: int = 4, ffn: int = 512, depth: int = 4) -> None:
         super().__init__()
@@ -60,6 +61,7 @@ class WordLM(nn.Module):
         self.encoder = nn.TransformerEncoder(layer, depth, norm=nn.LayerNorm(dim), enable_nested_tensor=False)
         self.head = nn.Linear(dim, vocab, bias=False)
         self.head.weight = self.emb.weight
+        nn.init.uniform_(self.emb.weight, -0.1, 0.1)  # as PyTorch's example: N(0, 1) tied weights start far too peaked
 
     def forward(self, ids: Tensor) -> Tensor:
         N = ids.shape[1]
@@ -115,6 +117,8 @@ def train(model: nn.Module, tokens: np.ndarray, steps: int, lr: float, warmup: i
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
+        if (sched.last_epoch) % 100 == 0:
+            print(f"  update {sched.last_epoch}/{steps}: loss {float(loss):.3f}", flush=True)
     return time.perf_counter() - start
 
 

@@ -9,9 +9,9 @@ runs both, with a run directory, see ``docs/conversion.md``).
 * :mod:`.init`: the KSVD and least-squares initialisation from the teacher (:func:`init_from_teacher`);
 * :mod:`.transfer`: the teacher-forced stage 1 (:func:`attention_transfer`);
 * :mod:`.lora`: low-rank adapters for stage 2 (:func:`add_lora`, :func:`merge_lora`);
-* :mod:`.torch_nn` and :mod:`.hf`: the same for a model on ``nn.TransformerEncoder`` / ``nn.TransformerDecoder``
-  (:func:`convert_torch`) and for a transformers model (``convert_hf``, which needs transformers), over
-  :mod:`.external`.
+* :mod:`.torch_nn`, :mod:`.timm` and :mod:`.hf`: the same for a model whose attention is ``nn.MultiheadAttention``
+  (:func:`convert_torch`), a timm vision transformer (:func:`convert_timm`) and a transformers model
+  (``convert_hf``, which needs transformers), over :mod:`.external`.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from .external import INITS, check_stages
 from .init import init_from_teacher, ksvd_init, least_squares_map
 from .lora import add_lora, merge_lora
 from .students import STUDENTS, find_blocks, new_parameters, student_plan, swap_attention
+from .timm import convert_timm
 from .torch_nn import convert_torch
 from .transfer import TransferState, attention_transfer, layer_losses, teacher_attention_io
 
@@ -35,6 +36,7 @@ __all__ = [
     "add_lora",
     "attention_transfer",
     "convert",
+    "convert_timm",
     "convert_torch",
     "find_blocks",
     "init_from_teacher",

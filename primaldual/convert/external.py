@@ -10,7 +10,7 @@ both: the KSVD and least-squares initialisation on the calibration batch, then
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,7 @@ from .init import init_from_teacher
 from .students import new_parameters
 from .transfer import TransferState, attention_transfer
 
-__all__ = ["INITS", "Reader", "check_stages", "initialise_and_transfer"]
+__all__ = ["INITS", "Reader", "call_model", "check_stages", "initialise_and_transfer"]
 
 #: the ``init`` choices of a conversion
 INITS = ("teacher", "random")
@@ -35,6 +35,21 @@ def check_stages(init: str, steps: int) -> None:
         raise ValueError(f"init must be one of {INITS}, got {init!r}")
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
         raise ValueError(f"steps must be an int >= 0, got {steps!r}")
+
+
+def call_model(model: nn.Module, batch: Any) -> Any:
+    """Call ``model`` on one batch of a conversion's stream: a tensor as ``model(x)``, a tuple as ``model(*batch)``,
+    a mapping as ``model(**batch)``."""
+    if isinstance(batch, Tensor):
+        return model(batch)
+    if isinstance(batch, tuple | list):
+        return model(*batch)
+    if isinstance(batch, Mapping):
+        return model(**batch)
+    raise TypeError(
+        f"batches: each batch is what the model is called with (a tensor, a tuple of positional arguments or a "
+        f"mapping of keyword arguments), got {type(batch).__name__}"
+    )
 
 
 #: ``io(teacher, inputs, mask, layers)``: per layer ``(x (B, N, C), y (B, N, C), rope or None, key_mask or None)``

@@ -15,7 +15,7 @@ fast path, which skips those modules in eval mode, is turned off for the recordi
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -28,7 +28,7 @@ from ..integrations.torch_nn import (
     key_mask_from_padding_mask,
     resolve_layer_indices,
 )
-from .external import Reader, check_stages, initialise_and_transfer
+from .external import Reader, call_model, check_stages, initialise_and_transfer
 from .students import check_student
 
 __all__ = ["convert_torch", "find_attention", "torch_attention_io"]
@@ -74,21 +74,6 @@ def find_attention(model: nn.Module, stack: str | None = None) -> tuple[list[str
             f"{type(model).__name__} holds no nn.MultiheadAttention, nn.TransformerEncoder or nn.TransformerDecoder"
         )
     return paths, False
-
-
-def _call(model: nn.Module, batch: Any) -> Any:
-    """Call ``model`` on one batch: a tensor as ``model(x)``, a tuple as ``model(*batch)``, a mapping as
-    ``model(**batch)``."""
-    if isinstance(batch, Tensor):
-        return model(batch)
-    if isinstance(batch, tuple | list):
-        return model(*batch)
-    if isinstance(batch, Mapping):
-        return model(**batch)
-    raise TypeError(
-        f"batches: each batch is what the model is called with (a tensor, a tuple of positional arguments or a "
-        f"mapping of keyword arguments), got {type(batch).__name__}"
-    )
 
 
 def _argument(args: tuple, kwargs: dict, index: int, name: str, default: Any = None) -> Any:
@@ -139,7 +124,7 @@ def torch_attention_io(
     teacher.eval()
     torch.backends.mha.set_fastpath_enabled(False)  # the fused encoder layer would not call self_attn
     try:
-        _call(teacher, batch)
+        call_model(teacher, batch)
     finally:
         torch.backends.mha.set_fastpath_enabled(fast)
         teacher.train(was)

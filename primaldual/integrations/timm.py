@@ -39,7 +39,7 @@ from .torch_nn import (
     with_original,
 )
 
-__all__ = ["PrimalTimmAttention", "TimmAttention", "convert_vision_transformer", "timm_attention"]
+__all__ = ["PrimalTimmAttention", "TimmAttention", "convert_vision_transformer", "layer_from_timm", "timm_attention"]
 
 
 class TimmAttention(nn.Module):
@@ -155,6 +155,29 @@ def timm_attention(attention: str = "primal", *, causal: bool = False, **options
     return type(name, (TimmAttention,), {"attention": attention, "options": dict(options), "causal": bool(causal)})
 
 
+def layer_from_timm(old: nn.Module, attention: str, *, causal: bool = False, **options: Any) -> AttentionLayer:
+    """Attention ``attention`` built from a timm ``Attention`` (fused ``qkv``, ``proj``) with its weights, dropout and
+    scale copied (primal keeps query, key and output)."""
+    inner = old.qkv.out_features // 3
+    w, b = old.qkv.weight, old.qkv.bias  # (3 inner, C), (3 inner,) or None
+    return attention_from_projections(
+        attention,
+        num_heads=old.num_heads,
+        q=(w[:inner], None if b is None else b[:inner]),
+        k=(w[inner : 2 * inner], None if b is None else b[inner : 2 * inner]),
+        v=(w[2 * inner :], None if b is None else b[2 * inner :]),
+        out=(old.proj.weight, old.proj.bias),
+        causal=causal,
+        **with_original(
+            attention,
+            options,
+            attn_drop=float(getattr(getattr(old, "attn_drop", None), "p", 0.0)),
+            proj_drop=float(getattr(getattr(old, "proj_drop", None), "p", 0.0)),
+            scale=getattr(old, "scale", None),
+        ),
+    )
+
+
 def convert_vision_transformer(
     model: nn.Module, attention: str = "primal", layers: int | Sequence[int] | str = (-1,), **options: Any
 ) -> nn.Module:
@@ -180,23 +203,6 @@ def convert_vision_transformer(
                 raise ValueError(f"block {i}: {norm} is not supported by primaldual attentions")
     for i in chosen:
         old = blocks[i].attn
-        inner = old.qkv.out_features // 3
-        w, b = old.qkv.weight, old.qkv.bias  # (3 inner, C), (3 inner,) or None
-        layer = attention_from_projections(
-            attention,
-            num_heads=old.num_heads,
-            q=(w[:inner], None if b is None else b[:inner]),
-            k=(w[inner : 2 * inner], None if b is None else b[inner : 2 * inner]),
-            v=(w[2 * inner :], None if b is None else b[2 * inner :]),
-            out=(old.proj.weight, old.proj.bias),
-            causal=False,
-            **with_original(
-                attention,
-                options,
-                attn_drop=float(getattr(getattr(old, "attn_drop", None), "p", 0.0)),
-                proj_drop=float(getattr(getattr(old, "proj_drop", None), "p", 0.0)),
-                scale=getattr(old, "scale", None),
-            ),
-        )
+        layer = layer_from_timm(old, attention, causal=False, **options)
         blocks[i].attn = cls(layer.dim, old.num_heads, layer=layer)
     return model
