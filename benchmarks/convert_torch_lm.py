@@ -117,8 +117,8 @@ def train(model: nn.Module, tokens: np.ndarray, steps: int, lr: float, warmup: i
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        if (sched.last_epoch) % 100 == 0:
-            print(f"  update {sched.last_epoch}/{steps}: loss {float(loss):.3f}", flush=True)
+        if sched.last_epoch % 100 == 0:
+            print(f"  update {sched.last_epoch}/{steps}: loss {float(loss.detach()):.3f}", flush=True)
     return time.perf_counter() - start
 
 
@@ -175,6 +175,9 @@ def main() -> int:
         torch.save(teacher.state_dict(), out / "teacher.tmp")
         (out / "teacher.tmp").replace(ckpt)
         atomic_write_json(out / "teacher.json", {"train_s": seconds, "test_ppl": perplexity(teacher, data["test"])})
+    record = json.loads((out / "teacher.json").read_text())
+    if "valid_ppl" not in record:  # beside the converted models' perplexity after stage 1
+        atomic_write_json(out / "teacher.json", {**record, "valid_ppl": perplexity(teacher, data["valid"])})
     teacher.eval()
     print(json.loads((out / "teacher.json").read_text()), flush=True)
     for name in args.phases:
