@@ -21,7 +21,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from .external import INITS, check_stages
+from .external import INITS, check_batches, check_stages
 from .init import init_from_teacher, ksvd_init, least_squares_map
 from .lora import add_lora, merge_lora
 from .students import STUDENTS, find_blocks, new_parameters, student_plan, swap_attention
@@ -99,11 +99,13 @@ def convert(
     report: dict[str, Any] = {"layers": chosen, "init": {}, "history": []}
     trains = student != "window"
     if (init == "teacher" and trains) or (steps and trains):
-        if batches is None:
-            raise ValueError("batches: needed for the teacher initialisation and for stage 1")
+        check_batches(batches)
         it = iter(batches)
         if init == "teacher" and trains:
-            ids, mask = next(it)
+            try:
+                ids, mask = next(it)
+            except StopIteration:
+                raise ValueError("batches: empty; the first batch calibrates the teacher initialisation") from None
             report["init"] = initialise_students(teacher, model, chosen, ids, mask)
         if steps:
             report["history"] = attention_transfer(teacher, model, chosen, it, steps, lr=lr).history

@@ -1,16 +1,17 @@
 """The teacher initialisation and a resumable stage 1 for a model primaldual did not build.
 
-:func:`~primaldual.convert.hf.convert_hf` (transformers models) and :func:`~primaldual.convert.torch_nn.convert_torch`
-(models built on ``nn.TransformerEncoder`` / ``nn.TransformerDecoder``) differ only in how they find a layer and
-read its inputs; a :class:`Reader` says that, and :func:`initialise_and_transfer` does the rest the same way for
-both: the KSVD and least-squares initialisation on the calibration batch, then
-:func:`~primaldual.convert.transfer.attention_transfer` with checkpoints a killed stage 1 resumes from.
+:func:`~primaldual.convert.hf.convert_hf` (transformers models), :func:`~primaldual.convert.timm.convert_timm` (timm
+vision transformers) and :func:`~primaldual.convert.torch_nn.convert_torch` (models whose attention is
+``nn.MultiheadAttention``) differ only in how they find a layer and read its inputs; a :class:`Reader` says that,
+and :func:`initialise_and_transfer` does the rest the same way for each: the KSVD and least-squares initialisation
+on the calibration batch, then :func:`~primaldual.convert.transfer.attention_transfer` with checkpoints a killed
+stage 1 resumes from.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,19 +23,33 @@ from .init import init_from_teacher
 from .students import new_parameters
 from .transfer import TransferState, attention_transfer
 
-__all__ = ["INITS", "Reader", "call_model", "check_stages", "initialise_and_transfer"]
+__all__ = ["INITS", "Reader", "call_model", "check_batches", "check_stages", "initialise_and_transfer"]
 
 #: the ``init`` choices of a conversion
 INITS = ("teacher", "random")
 
 
-def check_stages(init: str, steps: int) -> None:
+def check_stages(init: str, steps: int, log_every: int = 10) -> None:
     """The initialisation and stage-1 arguments of :func:`~primaldual.convert.convert`,
-    :func:`~primaldual.convert.hf.convert_hf` and :func:`~primaldual.convert.torch_nn.convert_torch`."""
+    :func:`~primaldual.convert.hf.convert_hf`, :func:`~primaldual.convert.timm.convert_timm` and
+    :func:`~primaldual.convert.torch_nn.convert_torch`."""
     if init not in INITS:
         raise ValueError(f"init must be one of {INITS}, got {init!r}")
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
         raise ValueError(f"steps must be an int >= 0, got {steps!r}")
+    if not isinstance(log_every, int) or isinstance(log_every, bool) or log_every < 1:
+        raise ValueError(f"log_every must be an int >= 1, got {log_every!r}")
+
+
+def check_batches(batches: Any) -> None:
+    """The ``batches`` argument of a conversion that reads the teacher: an iterable of batches, not one batch."""
+    if batches is None:
+        raise ValueError("batches: needed for the teacher initialisation and for stage 1")
+    if isinstance(batches, Tensor | Mapping) or not isinstance(batches, Iterable):
+        raise TypeError(
+            f"batches: an iterable of batches (a list, a generator, a data loader), got {type(batches).__name__}; "
+            "wrap a single batch as [batch]"
+        )
 
 
 def call_model(model: nn.Module, batch: Any) -> Any:
@@ -97,8 +112,14 @@ def initialise_and_transfer(
     ``history`` (stage 1).
     """
     report: dict[str, Any] = {"layers": list(layers), "init": {}, "history": []}
+    if resume is not None:
+        if not steps:
+            raise ValueError("resume: a stage-1 checkpoint continues stage 1, so steps must be > 0")
+        made = "teacher" if resume.get("calibrated", init == "teacher") else "random"
+        if made != init:  # the calibration batch is drawn only with init="teacher": the batches would not line up
+            raise ValueError(f"resume: the checkpoint was made with init={made!r}, this call has init={init!r}")
     if init == "teacher":
-        inputs, mask = next(batches)
+        inputs, mask = _next(batches, "batches: empty; the first batch calibrates the teacher initialisation")
         if resume is None:
             io = reader.io(teacher, inputs, mask, layers)
             for i, layer, (x, _, rope, key) in zip(layers, reader.students(model, layers), io, strict=True):
@@ -107,15 +128,18 @@ def initialise_and_transfer(
     if not steps:
         return report
     state, opt, names = _stage1_state(model, reader.students(model, layers), lr, resume, report)
-    for _ in range(state.step):  # the updates done before: their batches
-        next(batches)
+    for k in range(state.step):  # the updates done before: their batches, drawn again
+        _next(batches, f"batches: ran out after {k} of the {state.step} batches the resumed stage 1 had used")
+    if resume is not None:  # after those draws, so that a stream drawing from torch's generator lines up
+        _set_rng_state(resume["rng"])
 
     def checkpoint(st: TransferState, optimiser: torch.optim.Optimizer) -> None:
         if on_checkpoint is not None and st.step % log_every == 0 and st.step < steps:
             params = {n: p.detach().clone() for n, p in model.named_parameters() if n in names}
             # copies: Adam's moments and the history change in place as stage 1 goes on
             on_checkpoint({"params": params, "optimizer": copy.deepcopy(optimiser.state_dict()), "step": st.step,
-                           "history": list(st.history), "init": report["init"], "rng": _rng_state()})  # fmt: skip
+                           "history": list(st.history), "init": report["init"], "calibrated": init == "teacher",
+                           "rng": _rng_state()})  # fmt: skip
 
     state = attention_transfer(
         teacher,
@@ -139,7 +163,8 @@ def _stage1_state(
     model: nn.Module, students: Sequence[AttentionLayer], lr: float, resume: dict[str, Any] | None, report: dict
 ) -> tuple[TransferState, torch.optim.Optimizer, set[str]]:
     """Stage 1's optimiser over the students' new parameters (their names returned), fresh or as ``resume`` left
-    it; a resumed stage 1 also takes back its parameters, progress, initialisation figures and random state."""
+    it; a resumed stage 1 also takes back its parameters, progress and initialisation figures (the caller restores
+    the random state once the batches already used are drawn again)."""
     params = [p for layer in students for p in new_parameters(layer)]
     ids = {id(p) for p in params}
     names = {n for n, p in model.named_parameters() if id(p) in ids}
@@ -151,10 +176,20 @@ def _stage1_state(
     model.load_state_dict(resume["params"], strict=False)
     opt.load_state_dict(resume["optimizer"])
     report["init"] = resume["init"]
-    torch.set_rng_state(resume["rng"]["cpu"])
-    if resume["rng"].get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(resume["rng"]["cuda"])
     return TransferState(resume["step"], resume["history"]), opt, names
+
+
+def _next(batches: Iterator[Any], message: str) -> Any:
+    try:
+        return next(batches)
+    except StopIteration:
+        raise ValueError(message) from None
+
+
+def _set_rng_state(rng: dict[str, Any]) -> None:
+    torch.set_rng_state(rng["cpu"])
+    if rng.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
 
 
 def _rng_state() -> dict[str, Any]:

@@ -23,8 +23,9 @@ from torch import Tensor, nn
 
 from ..attention.base import AttentionLayer
 from ..integrations.torch_nn import attention_from_projections, resolve_layer_indices
-from .external import Reader, check_stages, initialise_and_transfer
+from .external import Reader, check_batches, check_stages, initialise_and_transfer
 from .students import check_student
+from .transfer import evaluating
 
 __all__ = ["convert_hf", "hf_attention_io", "hf_student_layers", "hf_teacher_layer"]
 
@@ -112,12 +113,10 @@ def hf_attention_io(
         if site.norm is not None:
             hooks.append(site.norm.register_forward_pre_hook(norm_input))
         hooks.append(site.module.register_forward_hook(hook, with_kwargs=True))
-    was = teacher.training
-    teacher.eval()
     try:
-        teacher(**kw)
+        with evaluating(teacher):
+            teacher(**kw)
     finally:
-        teacher.train(was)
         for h in hooks:
             h.remove()
     key = _key_mask(mask)
@@ -201,7 +200,7 @@ def convert_hf(
     Returns:
         ``(model, report)``: report holds ``layers``, ``init`` (per-layer figures) and ``history`` (stage 1).
     """
-    check_stages(init, steps)
+    check_stages(init, steps, log_every)
     name, fixed = check_student(student, options)
     hf = _hf()
     _, blocks = hf.find_blocks(teacher)
@@ -212,8 +211,7 @@ def convert_hf(
     trains = student != "window"
     if not ((init == "teacher" and trains) or (steps and trains)):
         return model, {"layers": chosen, "init": {}, "history": []}
-    if batches is None:
-        raise ValueError("batches: needed for the teacher initialisation and for stage 1")
+    check_batches(batches)
     report = initialise_and_transfer(
         teacher,
         model,

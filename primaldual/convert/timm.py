@@ -22,8 +22,9 @@ from torch import Tensor, nn
 from ..attention.base import AttentionLayer
 from ..integrations.timm import convert_vision_transformer, layer_from_timm
 from ..integrations.torch_nn import key_mask_from_attention_mask, resolve_layer_indices
-from .external import Reader, call_model, check_stages, initialise_and_transfer
+from .external import Reader, call_model, check_batches, check_stages, initialise_and_transfer
 from .students import check_student
+from .transfer import evaluating
 
 __all__ = ["convert_timm", "timm_attention_io"]
 
@@ -60,12 +61,10 @@ def timm_attention_io(
             seen[i] = (x.detach(), y.detach(), key)
 
         hooks.append(blocks[i].attn.register_forward_hook(hook, with_kwargs=True))
-    was = teacher.training
-    teacher.eval()
     try:
-        call_model(teacher, batch)
+        with evaluating(teacher):
+            call_model(teacher, batch)
     finally:
-        teacher.train(was)
         for h in hooks:
             h.remove()
     return [seen[i] for i in layers]
@@ -119,14 +118,13 @@ def convert_timm(
         ``(model, report)``: report holds ``layers``, ``init`` (per-layer figures) and ``history`` (stage 1).
         Stage 2 is training the returned model on its task's loss plus :func:`primaldual.collect_aux_loss`.
     """
-    check_stages(init, steps)
+    check_stages(init, steps, log_every)
     name, fixed = check_student(student, options, causal=False)
     chosen = resolve_layer_indices(layers, len(_blocks(teacher)))
     model = convert_vision_transformer(copy.deepcopy(teacher), name, chosen, **fixed, **options)
     if not (init == "teacher" or steps):
         return model, {"layers": chosen, "init": {}, "history": []}
-    if batches is None:
-        raise ValueError("batches: needed for the teacher initialisation and for stage 1")
+    check_batches(batches)
     report = initialise_and_transfer(
         teacher,
         model,

@@ -28,8 +28,9 @@ from ..integrations.torch_nn import (
     key_mask_from_padding_mask,
     resolve_layer_indices,
 )
-from .external import Reader, call_model, check_stages, initialise_and_transfer
+from .external import Reader, call_model, check_batches, check_stages, initialise_and_transfer
 from .students import check_student
+from .transfer import evaluating
 
 __all__ = ["convert_torch", "find_attention", "torch_attention_io"]
 
@@ -120,14 +121,13 @@ def torch_attention_io(
             seen[i] = (x.detach(), y.detach(), key, causal)
 
         hooks.append(mha.register_forward_hook(hook, with_kwargs=True))
-    was, fast = teacher.training, torch.backends.mha.get_fastpath_enabled()
-    teacher.eval()
+    fast = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)  # the fused encoder layer would not call self_attn
     try:
-        call_model(teacher, batch)
+        with evaluating(teacher):
+            call_model(teacher, batch)
     finally:
         torch.backends.mha.set_fastpath_enabled(fast)
-        teacher.train(was)
         for h in hooks:
             h.remove()
     missing = [i for i in layers if i not in seen]
@@ -201,7 +201,7 @@ def convert_torch(
         ``(model, report)``: report holds ``layers``, ``init`` (per-layer figures) and ``history`` (stage 1).
         Stage 2 is training the returned model on its task's loss plus :func:`primaldual.collect_aux_loss`.
     """
-    check_stages(init, steps)
+    check_stages(init, steps, log_every)
     paths, decoder = find_attention(teacher, stack)
     if causal is None:
         causal = decoder
@@ -216,15 +216,14 @@ def convert_torch(
         if not isinstance(mha, nn.MultiheadAttention):
             raise TypeError(f"layers: layer {i} ({paths[i]}) is a {type(mha).__name__}, not an nn.MultiheadAttention")
         stand_in = MultiheadSelfAttention.from_torch(mha, name, causal=causal, **fixed, **options)
-        setattr(model.get_submodule(parent), attr, stand_in)
+        setattr(model.get_submodule(parent), attr, stand_in.train(mha.training))  # the mode of what it replaces
     for where, m in model.named_modules():
         if isinstance(m, nn.TransformerEncoder) and any(paths[i].startswith(f"{where}.") for i in chosen):
             m.use_nested_tensor = False  # its nested-tensor fast path would bypass the stand-ins
     trains = student != "window"
     if not ((init == "teacher" and trains) or (steps and trains)):
         return model, {"layers": chosen, "init": {}, "history": []}
-    if batches is None:
-        raise ValueError("batches: needed for the teacher initialisation and for stage 1")
+    check_batches(batches)
     report = initialise_and_transfer(
         teacher,
         model,

@@ -16,6 +16,7 @@ teacher forward, then independent per-layer losses on recorded activations.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,20 @@ from torch import Tensor, nn
 from ..aux_loss import aux_loss_terms
 from .students import find_blocks, new_parameters
 
-__all__ = ["TransferState", "attention_transfer", "layer_losses", "teacher_attention_io"]
+__all__ = ["TransferState", "attention_transfer", "evaluating", "layer_losses", "teacher_attention_io"]
+
+
+@contextmanager
+def evaluating(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` in eval mode inside the block; afterwards every submodule is back in its own mode (a frozen
+    backbone in eval beside layers in training stays so), exception or not."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for m, mode in modes:
+            m.training = mode
 
 
 @torch.no_grad()
@@ -59,12 +73,10 @@ def teacher_attention_io(
             seen[i] = (args[0].detach(), y.detach(), m)
 
         hooks.append(blocks[i].attn.register_forward_hook(hook, with_kwargs=True))
-    was = teacher.training
-    teacher.eval()
     try:
-        teacher(inputs) if mask is None else teacher(inputs, mask)
+        with evaluating(teacher):
+            teacher(inputs) if mask is None else teacher(inputs, mask)
     finally:
-        teacher.train(was)
         for h in hooks:
             h.remove()
     return [(x, y, None, m) if masks else (x, y) for x, y, m in (seen[i] for i in layers)]
@@ -147,11 +159,16 @@ def attention_transfer(
         ``ksvd`` (the eta-weighted KSVD term, as :func:`~primaldual.collect_aux_loss` sums it) and ``J2/<module>`` (each
         layer's unweighted term J^2 this step).
     """
+    if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
+        raise ValueError(f"log_every must be an int >= 1, got {log_every!r}")
     state = state or TransferState()
     students = layers_fn(student, layers)
     params = [p for layer in students for p in new_parameters(layer)]
     if not params:
         raise ValueError("the converted layers have no new parameters to train (the window-only student)")
+    # stage 1 trains the new parameters alone, in training mode; the model's own flags and modes come back after
+    trainable = [(p, p.requires_grad) for p in student.parameters()]
+    modes = [(m, m.training) for layer in students for m in layer.modules()]
     for p in student.parameters():
         p.requires_grad_(False)
     for p in params:
@@ -160,28 +177,40 @@ def attention_transfer(
     for layer in students:
         layer.train()
     it: Iterator = iter(batches)
-    while state.step < steps:
-        ids, mask = next(it)
-        io = io_fn(teacher, ids, mask, layers)
-        losses = layer_losses(students, io, mask)
-        terms = aux_loss_terms(student)  # {group: [(name, weight, term), ...]}
-        # as collect_aux_loss: the weighted terms averaged over the calls of a group, the groups summed
-        ksvd = sum((torch.stack([w * t for _, w, t in g]).mean() for g in terms.values() if g), losses.new_zeros(()))
-        opt.zero_grad(set_to_none=True)
-        (losses.mean() + ksvd).backward()
-        opt.step()
-        state.step += 1
-        if state.step == 1 or state.step % log_every == 0 or state.step == steps:
-            row = {"step": float(state.step), "loss": float(losses.detach().mean()), "ksvd": float(ksvd.detach())}
-            row.update({f"loss/layer{i}": float(v) for i, v in zip(layers, losses.detach())})
-            for group in terms.values():
-                for name, _, term in group:
-                    row[f"J2/{name}"] = float(term.detach())
-            state.history.append(row)
-            if on_log is not None:
-                on_log(row)
-        if on_step is not None:
-            on_step(state, opt)
-    for p in student.parameters():
-        p.requires_grad_(True)
+    try:
+        while state.step < steps:
+            try:
+                ids, mask = next(it)
+            except StopIteration:
+                raise ValueError(
+                    f"batches: ran out before stage-1 update {state.step + 1} of {steps}; stage 1 needs {steps} "
+                    "batches after the calibration batch"
+                ) from None
+            io = io_fn(teacher, ids, mask, layers)
+            losses = layer_losses(students, io, mask)
+            terms = aux_loss_terms(student)  # {group: [(name, weight, term), ...]}
+            # as collect_aux_loss: the weighted terms averaged over the calls of a group, the groups summed
+            ksvd = sum(
+                (torch.stack([w * t for _, w, t in g]).mean() for g in terms.values() if g), losses.new_zeros(())
+            )
+            opt.zero_grad(set_to_none=True)
+            (losses.mean() + ksvd).backward()
+            opt.step()
+            state.step += 1
+            if state.step == 1 or state.step % log_every == 0 or state.step == steps:
+                row = {"step": float(state.step), "loss": float(losses.detach().mean()), "ksvd": float(ksvd.detach())}
+                row.update({f"loss/layer{i}": float(v) for i, v in zip(layers, losses.detach())})
+                for group in terms.values():
+                    for name, _, term in group:
+                        row[f"J2/{name}"] = float(term.detach())
+                state.history.append(row)
+                if on_log is not None:
+                    on_log(row)
+            if on_step is not None:
+                on_step(state, opt)
+    finally:
+        for p, flag in trainable:
+            p.requires_grad_(flag)
+        for m, mode in modes:
+            m.training = mode
     return state

@@ -204,5 +204,5 @@ def convert_vision_transformer(
     for i in chosen:
         old = blocks[i].attn
         layer = layer_from_timm(old, attention, causal=False, **options)
-        blocks[i].attn = cls(layer.dim, old.num_heads, layer=layer)
+        blocks[i].attn = cls(layer.dim, old.num_heads, layer=layer).train(old.training)  # the mode it replaces
     return model

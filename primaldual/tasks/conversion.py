@@ -250,9 +250,9 @@ def run_stage1(
             opt.load_state_dict(resume["optimizer"])
             state = TransferState(resume["step"], resume["history"])
             report["init_figures"] = resume["init_figures"]
-            torch.set_rng_state(resume["rng"])
-            for _ in range(state.step):
+            for _ in range(state.step):  # the batches already used, drawn again
                 next(batches)
+            torch.set_rng_state(resume["rng"])  # after those draws: a stream drawing from it lines up
             if verbose:
                 print(f"stage 1: resuming at step {state.step}/{steps} ({partial})", flush=True)
 

@@ -91,6 +91,7 @@ def test_the_teacher_initialisation_stage_1_and_reloading():
     model, report = convert_timm(teacher, "primal", "all", batches=batches, steps=4, log_every=2, s=8, max_len=17)
     assert all(abs(report["init"][i]["J"]) < 1e-6 for i in range(3)) and len(report["history"]) == 3
     assert all(isinstance(b.attn, TimmAttention) for b in model.blocks)
+    assert not any(m.training for m in model.modules())  # the copy of an eval-mode teacher, after stage 1 too
     held = TIMM_READER.io(teacher, _images(99, B=16), None, [0, 1, 2])
     fitted, _ = convert_timm(teacher, "primal", "all", batches=batches[:1], s=8, max_len=17)
     random, _ = convert_timm(teacher, "primal", "all", init="random", s=8, max_len=17)

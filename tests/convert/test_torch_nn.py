@@ -170,18 +170,44 @@ def test_the_teacher_initialisation_and_stage_1(causal):
 
 
 def test_a_stage_1_resumed_from_its_checkpoint_ends_where_an_uninterrupted_one_does():
+    """Even where the batches are drawn from torch's own generator: the batches already used are drawn again
+    before the checkpoint's random state comes back."""
     teacher = _net()
-    batches = [_batch(20 + i) for i in range(7)]
-    straight, a = convert_torch(teacher, "primal", -1, batches=batches, steps=6, log_every=2, s=4, max_len=10)
+
+    def stream(n: int):
+        torch.manual_seed(123)
+        for _ in range(n):
+            yield (torch.randn(4, 10, 5, dtype=torch.float64),)
+
+    opts = {"steps": 6, "log_every": 2, "s": 4, "max_len": 10}
+    straight, a = convert_torch(teacher, "primal", -1, batches=stream(7), **opts)
     saved: list[dict] = []
-    with pytest.raises(StopIteration):  # the stream runs out after 3 updates: a "crash"
-        convert_torch(teacher, "primal", -1, batches=batches[:4], steps=6, log_every=2, on_checkpoint=saved.append,
-                      s=4, max_len=10)  # fmt: skip
-    resumed, b = convert_torch(teacher, "primal", -1, batches=batches, steps=6, log_every=2, resume=saved[0], s=4,
-                               max_len=10)  # fmt: skip
+    with pytest.raises(ValueError, match="batches: ran out before stage-1 update 4 of 6"):  # a "crash"
+        convert_torch(teacher, "primal", -1, batches=stream(4), on_checkpoint=saved.append, **opts)
+    resumed, b = convert_torch(teacher, "primal", -1, batches=stream(7), resume=saved[0], **opts)
     assert saved[0]["step"] == 2 and a["history"] == b["history"]
     for (k, v), w in zip(straight.state_dict().items(), resumed.state_dict().values()):
         torch.testing.assert_close(v, w, msg=k)
+    with pytest.raises(ValueError, match="resume: a stage-1 checkpoint continues stage 1, so steps must be > 0"):
+        convert_torch(teacher, "primal", -1, batches=stream(7), resume=saved[0], s=4, max_len=10)
+    with pytest.raises(ValueError, match="resume: the checkpoint was made with init='teacher', this call has "
+                       "init='random'"):  # fmt: skip
+        convert_torch(teacher, "primal", -1, batches=stream(7), resume=saved[0], init="random", **opts)
+
+
+def test_the_copy_and_the_teacher_keep_their_modes_and_trainable_flags():
+    """The stand-ins take the mode of the modules they replace and keep it after stage 1; a teacher with parts in
+    eval and parts in training is left so; parameters frozen in the teacher stay frozen in the copy."""
+    teacher = _net()
+    teacher.embed.requires_grad_(False)
+    model, _ = convert_torch(teacher, "primal", "all", batches=[_batch(1, B=16), _batch(2)], steps=1, s=4, max_len=10)
+    assert not any(m.training for m in model.modules())
+    assert not model.embed.weight.requires_grad and model.head.weight.requires_grad
+    assert model.encoder.layers[0].self_attn.attn.w_e.requires_grad
+    teacher.train()
+    teacher.embed.eval()
+    torch_attention_io(teacher, _batch(3), [0])
+    assert teacher.training and teacher.encoder.training and not teacher.embed.training
 
 
 def test_what_is_refused():
@@ -207,6 +233,12 @@ def test_what_is_refused():
         convert_torch(teacher, causal=True, batches=batches, s=4)
     with pytest.raises(TypeError, match="batches: each batch is what the model is called with"):
         convert_torch(teacher, batches=[7], s=4, max_len=10)
+    with pytest.raises(TypeError, match="batches: an iterable of batches .* got Tensor; wrap a single batch as"):
+        convert_torch(teacher, batches=_batch(0)[0], s=4, max_len=10)
+    with pytest.raises(ValueError, match="batches: empty; the first batch calibrates the teacher initialisation"):
+        convert_torch(teacher, batches=[], s=4, max_len=10)
+    with pytest.raises(ValueError, match="log_every must be an int >= 1, got 0"):
+        convert_torch(teacher, batches=batches, steps=1, log_every=0, s=4, max_len=10)
     with pytest.raises(IndexError, match="layer index 2 is out of range"):
         convert_torch(teacher, layers=2)
 
