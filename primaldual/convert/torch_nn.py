@@ -43,7 +43,8 @@ def find_attention(model: nn.Module, stack: str | None = None) -> tuple[list[str
 
     * ``stack`` None: the ``self_attn`` of the layers of the one ``nn.TransformerEncoder`` / ``nn.TransformerDecoder``
       in ``model`` (``model`` itself counts); with none, every ``nn.MultiheadAttention`` of ``model`` (a model built
-      of its own blocks); with several (an ``nn.Transformer`` holds both), an error asking for ``stack``.
+      of its own blocks, or of PyTorch's layers without their stack; a decoder layer's cross-attention is left
+      out); with several (an ``nn.Transformer`` holds both), an error asking for ``stack``.
     * ``stack`` the attribute path of a submodule (``"transformer.encoder"``, ``"blocks"``): the same rule inside it.
     """
     root = ""
@@ -66,10 +67,11 @@ def find_attention(model: nn.Module, stack: str | None = None) -> tuple[list[str
         name, found = stacks[0]
         prefix = f"{root}{name}." if name else root
         return [f"{prefix}layers.{i}.self_attn" for i in range(len(found.layers))], isinstance(found, STACKS[1])
-    # a converted copy's stand-ins count: the same indices name the same layers before and after
-    paths = [
-        root + n for n, m in model.named_modules() if isinstance(m, nn.MultiheadAttention | MultiheadSelfAttention)
-    ]
+    # a converted copy's stand-ins count: the same indices name the same layers before and after; the
+    # cross-attention of PyTorch's decoder layers (multihead_attn) is known not to be self-attention
+    cross = {id(m.multihead_attn) for m in model.modules() if isinstance(m, nn.TransformerDecoderLayer)}
+    kinds = nn.MultiheadAttention | MultiheadSelfAttention
+    paths = [root + n for n, m in model.named_modules() if isinstance(m, kinds) and id(m) not in cross]
     if not paths:
         raise ValueError(
             f"{type(model).__name__} holds no nn.MultiheadAttention, nn.TransformerEncoder or nn.TransformerDecoder"

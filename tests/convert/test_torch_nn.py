@@ -132,6 +132,9 @@ def test_a_model_of_its_own_blocks_converts_its_self_attention():
     assert [type(b.attn).__name__ for b in model.blocks] == ["MultiheadSelfAttention"] * 2
     assert isinstance(model.pool, nn.MultiheadAttention) and len(report["history"]) == 2
     assert find_attention(model, "blocks")[0] == find_attention(teacher, "blocks")[0]  # the same indices after
+
+    layers = nn.ModuleList([nn.TransformerDecoderLayer(32, 4, 64, batch_first=True) for _ in range(2)])
+    assert find_attention(layers) == (["0.self_attn", "1.self_attn"], False)  # without the cross-attention
     assert model(*_batch(5)).shape == (4, 32)
 
 
