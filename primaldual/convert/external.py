@@ -45,7 +45,8 @@ def check_batches(batches: Any) -> None:
     """The ``batches`` argument of a conversion that reads the teacher: an iterable of batches, not one batch."""
     if batches is None:
         raise ValueError("batches: needed for the teacher initialisation and for stage 1")
-    if isinstance(batches, Tensor | Mapping) or not isinstance(batches, Iterable):
+    one = isinstance(batches, tuple) and any(isinstance(b, Tensor) for b in batches)  # (x, padding): one batch
+    if one or isinstance(batches, Tensor | Mapping) or not isinstance(batches, Iterable):
         raise TypeError(
             f"batches: an iterable of batches (a list, a generator, a data loader), got {type(batches).__name__}; "
             "wrap a single batch as [batch]"
@@ -113,8 +114,10 @@ def initialise_and_transfer(
     """
     report: dict[str, Any] = {"layers": list(layers), "init": {}, "history": []}
     if resume is not None:
-        if not steps:
-            raise ValueError("resume: a stage-1 checkpoint continues stage 1, so steps must be > 0")
+        if steps <= resume["step"]:
+            raise ValueError(
+                f"resume: the checkpoint is at stage-1 update {resume['step']}; steps must be above it, got {steps}"
+            )
         made = "teacher" if resume.get("calibrated", init == "teacher") else "random"
         if made != init:  # the calibration batch is drawn only with init="teacher": the batches would not line up
             raise ValueError(f"resume: the checkpoint was made with init={made!r}, this call has init={init!r}")
@@ -174,9 +177,9 @@ def _stage1_state(
     if set(resume["params"]) != names:
         raise ValueError("resume: its parameters are not this conversion's (another student, layer set or model)")
     model.load_state_dict(resume["params"], strict=False)
-    opt.load_state_dict(resume["optimizer"])
+    opt.load_state_dict(copy.deepcopy(resume["optimizer"]))  # Adam updates its state in place: keep the caller's
     report["init"] = resume["init"]
-    return TransferState(resume["step"], resume["history"]), opt, names
+    return TransferState(resume["step"], list(resume["history"])), opt, names
 
 
 def _next(batches: Iterator[Any], message: str) -> Any:

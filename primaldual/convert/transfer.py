@@ -38,8 +38,8 @@ def evaluating(model: nn.Module) -> Iterator[nn.Module]:
     try:
         yield model
     finally:
-        for m, mode in modes:
-            m.training = mode
+        for m, mode in modes:  # parents first; train(), not the flag: a module may do more in it (fold adapters)
+            m.train(mode)
 
 
 @torch.no_grad()
@@ -184,7 +184,7 @@ def attention_transfer(
             except StopIteration:
                 raise ValueError(
                     f"batches: ran out before stage-1 update {state.step + 1} of {steps}; stage 1 needs {steps} "
-                    "batches after the calibration batch"
+                    "batches of its own (with init='teacher' the calibration batch comes before them)"
                 ) from None
             io = io_fn(teacher, ids, mask, layers)
             losses = layer_losses(students, io, mask)
@@ -211,6 +211,6 @@ def attention_transfer(
     finally:
         for p, flag in trainable:
             p.requires_grad_(flag)
-        for m, mode in modes:
-            m.training = mode
+        for m, mode in modes:  # parents first, each by its own train()
+            m.train(mode)
     return state

@@ -191,7 +191,10 @@ def test_a_stage_1_resumed_from_its_checkpoint_ends_where_an_uninterrupted_one_d
     assert saved[0]["step"] == 2 and a["history"] == b["history"]
     for (k, v), w in zip(straight.state_dict().items(), resumed.state_dict().values()):
         torch.testing.assert_close(v, w, msg=k)
-    with pytest.raises(ValueError, match="resume: a stage-1 checkpoint continues stage 1, so steps must be > 0"):
+    again, c = convert_torch(teacher, "primal", -1, batches=stream(7), resume=saved[0], **opts)
+    assert c["history"] == a["history"]  # the checkpoint dict was not changed by the first resume
+    with pytest.raises(ValueError, match="resume: the checkpoint is at stage-1 update 2; steps must be above it, "
+                       "got 0"):  # fmt: skip
         convert_torch(teacher, "primal", -1, batches=stream(7), resume=saved[0], s=4, max_len=10)
     with pytest.raises(ValueError, match="resume: the checkpoint was made with init='teacher', this call has "
                        "init='random'"):  # fmt: skip
@@ -209,8 +212,22 @@ def test_the_copy_and_the_teacher_keep_their_modes_and_trainable_flags():
     assert model.encoder.layers[0].self_attn.attn.w_e.requires_grad
     teacher.train()
     teacher.embed.eval()
+    teacher.head = Folding(32, 3).double()
+    weight = teacher.head.weight.detach().clone()
     torch_attention_io(teacher, _batch(3), [0])
     assert teacher.training and teacher.encoder.training and not teacher.embed.training
+    assert teacher.head.training and torch.equal(teacher.head.weight, weight)  # its own train() ran on the way back
+
+
+class Folding(nn.Linear):
+    """A layer whose ``train()`` does more than set the flag: it folds an update into its weight in eval mode and
+    takes it out for training, as LoRA layers do."""
+
+    def train(self, mode: bool = True) -> Folding:
+        if mode != self.training:
+            with torch.no_grad():
+                self.weight += -1.0 if mode else 1.0
+        return super().train(mode)
 
 
 def test_what_is_refused():
@@ -238,6 +255,8 @@ def test_what_is_refused():
         convert_torch(teacher, batches=[7], s=4, max_len=10)
     with pytest.raises(TypeError, match="batches: an iterable of batches .* got Tensor; wrap a single batch as"):
         convert_torch(teacher, batches=_batch(0)[0], s=4, max_len=10)
+    with pytest.raises(TypeError, match="batches: an iterable of batches .* got tuple; wrap a single batch as"):
+        convert_torch(teacher, batches=_batch(0), s=4, max_len=10)
     with pytest.raises(ValueError, match="batches: empty; the first batch calibrates the teacher initialisation"):
         convert_torch(teacher, batches=[], s=4, max_len=10)
     with pytest.raises(ValueError, match="log_every must be an int >= 1, got 0"):

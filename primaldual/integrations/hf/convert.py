@@ -126,7 +126,7 @@ def convert(
                 source=type(site.module).__name__,
                 rope=site.rope,
                 decodes=site.decodes,
-            )
+            ).train(site.module.training)  # the mode of the module it replaces
         )
     # what of the model the mechanism goes without, layer by layer: said once each, never dropped silently
     dropped = {
