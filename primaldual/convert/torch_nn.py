@@ -117,7 +117,11 @@ def torch_attention_io(
             if unbatched and padding is not None:
                 padding = padding[None]  # (N,) -> (1, N)
             key = key_mask_from_padding_mask(padding, B, N)
-            causal = call_is_causal(_argument(args, kwargs, 5, "attn_mask"), kwargs.get("is_causal", False), N)
+            attn_mask, is_causal = (
+                _argument(args, kwargs, 5, "attn_mask"),
+                _argument(args, kwargs, 7, "is_causal", False),
+            )
+            causal = call_is_causal(attn_mask, is_causal, N)
             if key is not None:
                 y = y.masked_fill(~key[..., None], 0.0)  # the students' outputs are zero at padded tokens
             seen[i] = (x.detach(), y.detach(), key, causal)
@@ -134,7 +138,7 @@ def torch_attention_io(
             h.remove()
     missing = [i for i in layers if i not in seen]
     if missing:
-        raise ValueError(f"layers {missing} of the stack did not run in the teacher's forward on this batch")
+        raise ValueError(f"layers {missing} did not run in the teacher's forward on this batch")
     return [seen[i] for i in layers]
 
 
