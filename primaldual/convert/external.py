@@ -83,11 +83,13 @@ class Reader:
         students: ``(model, layers)`` -> the primaldual attention layers in the converted copy's ``layers``.
         teacher_layer: ``(teacher, layer)`` -> that layer of the teacher as a primaldual softmax layer with its
             weights (what the initialisation reads per-head outputs from).
+        batch: one item of the user's ``batches`` -> ``(inputs, mask)`` for ``io`` (default: the item, no mask).
     """
 
     io: IO
     students: Callable[[nn.Module, Sequence[int]], list[AttentionLayer]]
     teacher_layer: Callable[[nn.Module, int], AttentionLayer]
+    batch: Callable[[Any], tuple[Any, Tensor | None]] = lambda item: (item, None)
 
 
 def initialise_and_transfer(
@@ -95,8 +97,9 @@ def initialise_and_transfer(
     model: nn.Module,
     layers: Sequence[int],
     reader: Reader,
-    batches: Iterator[tuple[Any, Tensor | None]],
+    batches: Iterable[Any] | None,
     *,
+    student: str,
     steps: int,
     init: str,
     lr: float,
@@ -107,12 +110,17 @@ def initialise_and_transfer(
 ) -> dict[str, Any]:
     """Initialise the students of ``model`` (the converted copy of ``teacher``) and run stage 1.
 
-    ``batches`` yields ``(inputs, mask)`` for ``reader.io``: the first calibrates the initialisation (with
-    ``init="teacher"``), the next ``steps`` train stage 1. The other arguments are
+    ``batches`` are the user's (each made ``(inputs, mask)`` by ``reader.batch``): the first calibrates the
+    initialisation (with ``init="teacher"``), the next ``steps`` train stage 1; they are not read where nothing
+    trains (the ``window`` student, or ``init="random"`` without stage 1). The other arguments are
     :func:`~primaldual.convert.hf.convert_hf`'s. Returns the report: ``layers``, ``init`` (per-layer figures) and
     ``history`` (stage 1).
     """
     report: dict[str, Any] = {"layers": list(layers), "init": {}, "history": []}
+    if student == "window" or (init != "teacher" and not steps):
+        return report
+    check_batches(batches)
+    batches = map(reader.batch, batches)
     if resume is not None:
         if steps <= resume["step"]:
             raise ValueError(

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from ..attention.base import AttentionLayer
 from ..integrations.torch_nn import attention_from_projections, resolve_layer_indices
-from .external import Reader, check_batches, check_stages, initialise_and_transfer
+from .external import Reader, check_stages, initialise_and_transfer
 from .students import check_student
 from .transfer import evaluating
 
@@ -208,16 +208,13 @@ def convert_hf(
     if not all(hf.read_site(teacher, blocks[i], i).causal for i in chosen):
         check_student(student, options, causal=False)  # the window students look back: causal layers only
     model = hf.convert(copy.deepcopy(teacher), name, chosen, **fixed, **options)
-    trains = student != "window"
-    if not ((init == "teacher" and trains) or (steps and trains)):
-        return model, {"layers": chosen, "init": {}, "history": []}
-    check_batches(batches)
     report = initialise_and_transfer(
         teacher,
         model,
         chosen,
         HF_READER,
-        map(_batch, batches),
+        batches,
+        student=student,
         steps=steps,
         init=init,
         lr=lr,
@@ -243,4 +240,4 @@ def _reader_io(
 
 
 #: how :func:`~primaldual.convert.external.initialise_and_transfer` reads a transformers model
-HF_READER = Reader(io=_reader_io, students=hf_student_layers, teacher_layer=hf_teacher_layer)
+HF_READER = Reader(io=_reader_io, students=hf_student_layers, teacher_layer=hf_teacher_layer, batch=_batch)

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from ..attention.base import AttentionLayer
 from ..integrations.timm import convert_vision_transformer, layer_from_timm
 from ..integrations.torch_nn import key_mask_from_attention_mask, resolve_layer_indices
-from .external import Reader, call_model, check_batches, check_stages, initialise_and_transfer
+from .external import Reader, call_model, check_stages, initialise_and_transfer
 from .students import check_student
 from .transfer import evaluating
 
@@ -122,15 +122,13 @@ def convert_timm(
     name, fixed = check_student(student, options, causal=False)
     chosen = resolve_layer_indices(layers, len(_blocks(teacher)))
     model = convert_vision_transformer(copy.deepcopy(teacher), name, chosen, **fixed, **options)
-    if not (init == "teacher" or steps):
-        return model, {"layers": chosen, "init": {}, "history": []}
-    check_batches(batches)
     report = initialise_and_transfer(
         teacher,
         model,
         chosen,
         TIMM_READER,
-        ((batch, None) for batch in batches),
+        batches,
+        student=student,
         steps=steps,
         init=init,
         lr=lr,

@@ -28,7 +28,7 @@ from ..integrations.torch_nn import (
     key_mask_from_padding_mask,
     resolve_layer_indices,
 )
-from .external import Reader, call_model, check_batches, check_stages, initialise_and_transfer
+from .external import Reader, call_model, check_stages, initialise_and_transfer
 from .students import check_student
 from .transfer import evaluating
 
@@ -226,16 +226,13 @@ def convert_torch(
     for where, m in model.named_modules():
         if isinstance(m, nn.TransformerEncoder) and any(paths[i].startswith(f"{where}.") for i in chosen):
             m.use_nested_tensor = False  # its nested-tensor fast path would bypass the stand-ins
-    trains = student != "window"
-    if not ((init == "teacher" and trains) or (steps and trains)):
-        return model, {"layers": chosen, "init": {}, "history": []}
-    check_batches(batches)
     report = initialise_and_transfer(
         teacher,
         model,
         chosen,
         _reader(stack, causal),
-        ((batch, None) for batch in batches),
+        batches,
+        student=student,
         steps=steps,
         init=init,
         lr=lr,
