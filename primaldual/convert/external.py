@@ -19,11 +19,19 @@ import torch
 from torch import Tensor, nn
 
 from ..attention.base import AttentionLayer
-from .init import init_from_teacher
+from .init import init_from_teacher, rebuild_error
 from .students import new_parameters
 from .transfer import TransferState, attention_transfer
 
-__all__ = ["INITS", "Reader", "call_model", "check_batches", "check_stages", "initialise_and_transfer"]
+__all__ = [
+    "INITS",
+    "Reader",
+    "call_model",
+    "check_batches",
+    "check_rebuilt",
+    "check_stages",
+    "initialise_and_transfer",
+]
 
 #: the ``init`` choices of a conversion
 INITS = ("teacher", "random")
@@ -51,6 +59,26 @@ def check_batches(batches: Any) -> None:
             f"batches: an iterable of batches (a list, a generator, a data loader), got {type(batches).__name__}; "
             "wrap a single batch as [batch]"
         )
+
+
+def check_rebuilt(
+    index: int, rebuilt: AttentionLayer, x: Tensor, y: Tensor, mask: Tensor | None, rope: Any = None
+) -> float:
+    """The relative error of layer ``index`` rebuilt from the teacher's weights (``rebuilt``) against the teacher's
+    own output ``y`` on its input ``x`` (:func:`~primaldual.convert.init.rebuild_error`); an error above rounding
+    (1e-3, or 3e-2 for 16-bit outputs) is a ``ValueError``. The initialisation fits the rebuilt layer: a teacher
+    that computes something its weights do not show (rotary tables or norms inside a hand-written block, another
+    scale, a mask the reader does not see) would be converted to the wrong target without a word."""
+    error = rebuild_error(rebuilt, x, y, mask, rope)
+    tolerance = 1e-3 if torch.finfo(y.dtype).bits >= 32 else 3e-2
+    if not error <= tolerance:  # NaN included
+        raise ValueError(
+            f"layer {index}: the teacher's attention rebuilt from its weights is {error:.3g} (relative) away from "
+            f"the layer's own output on the calibration batch (rounding allows {tolerance:g}): the layer computes "
+            "something its weights do not show (rotary embeddings, norms, another scale or mask), so it cannot be "
+            "converted"
+        )
+    return error
 
 
 def call_model(model: nn.Module, batch: Any) -> Any:
@@ -133,9 +161,11 @@ def initialise_and_transfer(
         inputs, mask = _next(batches, "batches: empty; the first batch calibrates the teacher initialisation")
         if resume is None:
             io = reader.io(teacher, inputs, mask, layers)
-            for i, layer, (x, _, rope, key) in zip(layers, reader.students(model, layers), io, strict=True):
+            for i, layer, (x, y, rope, key) in zip(layers, reader.students(model, layers), io, strict=True):
+                rebuilt = reader.teacher_layer(teacher, i)
+                error = check_rebuilt(i, rebuilt, x, y, key, rope)
                 use = rope if type(layer).capabilities.rope else None
-                report["init"][i] = init_from_teacher(layer, reader.teacher_layer(teacher, i), x, key, use)
+                report["init"][i] = {**init_from_teacher(layer, rebuilt, x, key, use), "rebuild_error": error}
     if not steps:
         return report
     state, opt, names = _stage1_state(model, reader.students(model, layers), lr, resume, report)

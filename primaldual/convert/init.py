@@ -54,6 +54,7 @@ __all__ = [
     "ksvd_init",
     "ksvd_objective_global",
     "least_squares_map",
+    "rebuild_error",
     "teacher_heads",
 ]
 
@@ -112,6 +113,19 @@ def teacher_heads(teacher: QKVAttention, x: Tensor, mask: Tensor | None, rope: R
     (queries and keys rotated by ``rope``, ``(cos, sin)`` each ``(B, N, D)``, for a rotary teacher such as Llama)."""
     q, k, v = teacher._qkv(x, _tables(teacher, rope, x))  # (B, H, N, D) each
     return teacher.attend(q, k, v, mask, False)[0]
+
+
+@torch.no_grad()
+def rebuild_error(
+    teacher: QKVAttention, x: Tensor, y: Tensor, mask: Tensor | None, rope: RopeTables | None = None
+) -> float:
+    """How far ``teacher`` (a layer rebuilt from a model's weights) is from what the model's own layer gave: the
+    relative Frobenius error of its output on the layer input ``x`` against the recorded output ``y`` (both
+    ``(B, N, C)``), over the real tokens of ``mask``, in float64."""
+    real = _real(mask, x.shape[0], x.shape[1], x.device)
+    got = teacher(x, mask, rope=rope)[real].double()  # (T, C)
+    want = y[real].double()  # (T, C)
+    return float((got - want).norm() / want.norm().clamp_min(torch.finfo(torch.float64).tiny))
 
 
 def _real(mask: Tensor | None, B: int, N: int, device: torch.device) -> Tensor:

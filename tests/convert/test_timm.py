@@ -116,6 +116,28 @@ def test_what_is_refused():
         convert_timm(teacher, layers="all", init="random", s=8)
 
 
+class Rotated(Attention):
+    """timm's layout, with an operation its weights do not show: the queries turned (as a rotary block would)."""
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        B, N, C = x.shape
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)  # 3 x (B, H, N, D)
+        q = q.roll(1, dims=-1)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # (B, H, N, D)
+        return self.proj(y.transpose(1, 2).reshape(B, N, C))  # (B, N, C)
+
+
+def test_a_teacher_its_weights_do_not_describe_is_refused_by_the_initialisation():
+    teacher = _vit()
+    model, report = convert_timm(teacher, "primal", [0, 2], batches=[_images(1, B=32)], s=8, max_len=17)
+    assert all(report["init"][i]["rebuild_error"] < 1e-12 for i in (0, 2))  # float64: rounding only
+    hidden = Rotated(32, 4).double()
+    hidden.load_state_dict(teacher.blocks[2].attn.state_dict())
+    teacher.blocks[2].attn = hidden
+    with pytest.raises(ValueError, match=r"layer 2: the teacher's attention rebuilt from its weights is 0\.\d+"):
+        convert_timm(teacher, "primal", [0, 2], batches=[_images(1, B=32)], s=8, max_len=17)
+
+
 def test_timms_own_vision_transformer_converts():
     try:
         from timm.models.vision_transformer import VisionTransformer

@@ -149,7 +149,7 @@ def test_the_teacher_initialisation_and_stage_1(causal):
     model, report = convert_torch(teacher, "primal", "all", causal=causal, batches=batches, steps=5, log_every=1,
                                   **opts)  # fmt: skip
     assert report["layers"] == [0, 1] and len(report["history"]) == 5
-    assert all(abs(report["init"][i]["J"]) < 1e-6 for i in (0, 1))
+    assert all(abs(report["init"][i]["J"]) < 1e-6 and report["init"][i]["rebuild_error"] < 1e-5 for i in (0, 1))
     assert all(isinstance(m.self_attn.attn, PrimalAttention) for m in model.encoder.layers)
     assert all(torch.equal(v, teacher.state_dict()[k]) for k, v in before.items())
 
