@@ -7,7 +7,7 @@ import torch
 
 import primaldual as pd
 from primaldual.convert import find_blocks, initialise_students, ksvd_init, least_squares_map, swap_attention
-from primaldual.convert.init import branch_scores, ksvd_objective_global, teacher_heads
+from primaldual.convert.init import branch_scores, ksvd_objective_global, rebuild_error, teacher_heads
 from primaldual.models import CausalLM
 from primaldual.theory.ksvd import primal_stationary_point, stationary_point
 
@@ -115,3 +115,19 @@ def test_teacher_heads_are_what_the_output_projection_maps():
     x = torch.randn(2, 10, 32, dtype=torch.float64)
     heads = teacher_heads(attn, x, None)  # (B, H, N, p)
     torch.testing.assert_close(attn.proj(heads.transpose(1, 2).reshape(2, 10, 32)), attn(x))
+
+
+def test_rebuild_error_is_relative_over_real_tokens_only():
+    torch.manual_seed(0)
+    layer = pd.build_attention("softmax", 16, 2, causal=True).double().eval()
+    x = torch.randn(3, 7, 16, dtype=torch.float64)
+    mask = torch.ones(3, 7, dtype=torch.bool)
+    mask[0, 5:] = False
+    with torch.no_grad():
+        y = layer(x, mask)
+    wrong = y.clone()
+    wrong[0, 5:] = 1e6  # padded tokens: never compared
+    assert rebuild_error(layer, x, wrong, mask) == 0.0
+    wrong[1] *= 1.1
+    expected = (0.1 * y[1]).norm() / wrong[mask].norm()  # relative to the recorded output
+    assert rebuild_error(layer, x, wrong, mask) == pytest.approx(float(expected), rel=1e-9)
