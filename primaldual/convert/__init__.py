@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from .external import INITS, check_batches, check_stages
 from .init import init_from_teacher, ksvd_init, least_squares_map
 from .lora import add_lora, merge_lora
+from .modules import convert_modules
 from .students import STUDENTS, find_blocks, new_parameters, student_plan, swap_attention
 from .timm import convert_timm
 from .torch_nn import convert_torch
@@ -36,6 +37,7 @@ __all__ = [
     "add_lora",
     "attention_transfer",
     "convert",
+    "convert_modules",
     "convert_timm",
     "convert_torch",
     "find_blocks",

@@ -1,0 +1,230 @@
+"""Converting hand-written attention modules (``convert_modules``): nanoGPT's causal ``CausalSelfAttention`` (one fused
+``c_attn``) and a bidirectional block with three projections; what their weights do not show is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from primaldual.convert import convert_modules, layer_losses
+from primaldual.convert.modules import ModuleAttention, find_modules, layer_from_module, modules_attention_io
+
+
+class CausalSelfAttention(nn.Module):
+    """nanoGPT's attention: ``c_attn`` gives q, k, v side by side, SDPA with ``is_causal=True``, ``c_proj``."""
+
+    def __init__(self, dim: int, heads: int, bias: bool = True) -> None:
+        super().__init__()
+        self.c_attn, self.c_proj = nn.Linear(dim, 3 * dim, bias=bias), nn.Linear(dim, dim, bias=bias)
+        self.resid_dropout = nn.Dropout(0.1)
+        self.n_head, self.n_embd = heads, dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.n_head, -1).transpose(1, 2) for t in self.c_attn(x).split(C, 2))  # (B, H, T, D)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)  # (B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class Block(nn.Module):
+    def __init__(self, attn: nn.Module, dim: int) -> None:
+        super().__init__()
+        self.ln_1, self.attn, self.ln_2 = nn.LayerNorm(dim), attn, nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """nanoGPT's model layout: ``transformer.h[i].attn``, called on token ids."""
+
+    def __init__(self, vocab: int = 50, dim: int = 32, heads: int = 4, depth: int = 3, length: int = 24) -> None:
+        super().__init__()
+        self.transformer = nn.ModuleDict(
+            {
+                "wte": nn.Embedding(vocab, dim),
+                "wpe": nn.Embedding(length, dim),
+                "h": nn.ModuleList([Block(CausalSelfAttention(dim, heads), dim) for _ in range(depth)]),
+                "ln_f": nn.LayerNorm(dim),
+            }
+        )
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(idx.shape[1]))  # (B, T, C)
+        for block in self.transformer.h:
+            x = block(x)
+        return self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
+
+
+class Attention(nn.Module):
+    """A bidirectional attention with three bias-free projections, a head width of its own and an output
+    ``Sequential`` (the layout of lucidrains' ViTs, without their inner norm)."""
+
+    def __init__(self, dim: int, heads: int, head_dim: int) -> None:
+        super().__init__()
+        inner = heads * head_dim
+        self.heads, self.scale = heads, head_dim**-0.5
+        self.to_q, self.to_k, self.to_v = (nn.Linear(dim, inner, bias=False) for _ in range(3))
+        self.to_out = nn.Sequential(nn.Linear(inner, dim), nn.Dropout(0.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, _ = x.shape
+        q, k, v = (f(x).view(B, N, self.heads, -1).transpose(1, 2) for f in (self.to_q, self.to_k, self.to_v))
+        w = (q @ k.transpose(-1, -2) * self.scale).softmax(-1)  # (B, H, N, N)
+        return self.to_out((w @ v).transpose(1, 2).reshape(B, N, -1))  # (B, N, C)
+
+
+class Encoder(nn.Module):
+    def __init__(self, dim: int = 24, depth: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Linear(5, dim)
+        self.layers = nn.ModuleList([Block(Attention(dim, 4, 8), dim) for _ in range(depth)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        for layer in self.layers:
+            x = layer(x)
+        return x.mean(1)
+
+
+NANO = {"modules": "transformer.h.*.attn", "qkv": "c_attn", "proj": "c_proj", "causal": True}
+LUCID = {"modules": "layers.*.attn", "qkv": ("to_q", "to_k", "to_v"), "proj": "to_out.0", "causal": False}
+
+
+def _gpt() -> GPT:
+    torch.manual_seed(0)
+    return GPT().double().eval()
+
+
+def _ids(seed: int, B: int = 8) -> torch.Tensor:
+    return torch.randint(0, 50, (B, 24), generator=torch.Generator().manual_seed(seed))
+
+
+def test_the_rebuilt_layers_are_the_modules_own():
+    gpt, enc = _gpt(), Encoder().double()
+    assert find_modules(gpt, NANO["modules"]) == [f"transformer.h.{i}.attn" for i in range(3)]
+    for model, layout, batch in ((gpt, NANO, _ids(0)), (enc, LUCID, torch.randn(4, 9, 5, dtype=torch.float64))):
+        paths = find_modules(model, layout["modules"])
+        io = modules_attention_io(model, batch, [0, 1], paths)
+        for path, (x, y) in zip(paths, io):
+            opts = {k: v for k, v in layout.items() if k != "modules"}
+            layer = layer_from_module(model.get_submodule(path), "softmax", **opts).eval()
+            torch.testing.assert_close(layer(x), y)
+    assert enc.training  # the recording forward ran in eval mode and gave the mode back
+
+
+def test_nanogpt_converts_with_the_teacher_initialisation_and_stage_1():
+    teacher = _gpt()
+    batches = [_ids(1, B=16)] + [_ids(2 + i) for i in range(4)]
+    model, report = convert_modules(teacher, "primal", -1, batches=batches, steps=4, log_every=2, s=8, **NANO)
+    assert report["layers"] == [2] and [h["step"] for h in report["history"]] == [1, 2, 4]
+    assert abs(report["init"][2]["J"]) < 1e-6 and report["init"][2]["rebuild_error"] < 1e-12
+    assert isinstance(model.transformer.h[2].attn, ModuleAttention) and not model.training
+    assert isinstance(teacher.transformer.h[2].attn, CausalSelfAttention)  # the teacher is left as it was
+    held = modules_attention_io(teacher, _ids(99), [2], find_modules(teacher, NANO["modules"]))
+    held = [(x, y, None, None) for x, y in held]
+    random, _ = convert_modules(teacher, "primal", -1, init="random", s=8, **NANO)
+    students = [m.transformer.h[2].attn.attn for m in (model, random)]
+    with torch.no_grad():
+        ours, theirs = (layer_losses([s], held, None) for s in students)
+    assert bool((ours < theirs).all()), (ours, theirs)
+    random.load_state_dict(model.state_dict())  # a saved conversion reloads into a fresh swap
+    with torch.no_grad():
+        torch.testing.assert_close(random(_ids(5)), model(_ids(5)))
+        # causal: a later token changes no earlier output
+        ids = _ids(6)
+        changed = ids.clone()
+        changed[:, 12:] = (changed[:, 12:] + 1) % 50
+        torch.testing.assert_close(model(ids)[:, :12], model(changed)[:, :12])
+
+
+def test_a_hybrid_whose_window_covers_the_sequence_gives_the_teachers_logits():
+    teacher = _gpt()
+    model, report = convert_modules(teacher, "hybrid", "all", batches=[_ids(1, B=16)], window=24, sinks=0, s=8, **NANO)
+    with torch.no_grad():
+        torch.testing.assert_close(model(_ids(7)), teacher(_ids(7)))
+
+
+def test_a_bidirectional_model_with_three_projections_converts():
+    torch.manual_seed(0)
+    teacher = Encoder().double()
+    x = torch.randn(32, 9, 5, dtype=torch.float64)
+    model, report = convert_modules(
+        teacher, "primal", "all", batches=[x, x[:8]], steps=1, s=6, data_dependent=False, **LUCID
+    )  # data-dependent weights need a head width of dim / heads
+    assert all(report["init"][i]["rebuild_error"] < 1e-12 for i in (0, 1)) and model.training
+    out = model(torch.randn(3, 9, 5, dtype=torch.float64))
+    out.sum().backward()
+    assert out.shape == (3, 24) and all(p.grad is not None for p in model.layers[0].attn.parameters())
+
+
+def test_what_the_weights_do_not_show_is_refused():
+    teacher = _gpt()
+    batches = [_ids(1, B=16)]
+    with pytest.raises(ValueError, match="layer 2: the teacher's attention rebuilt from its weights is"):
+        convert_modules(teacher, "primal", -1, batches=batches, s=8, **{**NANO, "causal": False}, max_len=24)
+    hidden = _gpt()
+    scaled = Scaled(32, 4).double()
+    scaled.load_state_dict(hidden.transformer.h[1].attn.state_dict())
+    hidden.transformer.h[1].attn = scaled
+    with pytest.raises(ValueError, match="layer 1: the teacher's attention rebuilt"):
+        convert_modules(hidden, "primal", 1, batches=batches, s=8, **NANO)
+
+
+class Scaled(CausalSelfAttention):
+    """nanoGPT's attention with its input scaled inside (as a norm would be): nothing its weights show."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(2 * x)
+
+
+def test_bad_arguments_and_calls_are_named():
+    teacher = _gpt()
+    with pytest.raises(ValueError, match="modules: no submodule of GPT matches 'blocks.*.attn'"):
+        convert_modules(teacher, init="random", **{**NANO, "modules": "blocks.*.attn"})
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        convert_modules(teacher, init="random", **{**NANO, "causal": "true"})
+    with pytest.raises(TypeError, match="qkv: 'ln_1' is a LayerNorm, expected an nn.Linear"):
+        convert_modules(teacher, init="random", **{**NANO, "modules": "transformer.h.*", "qkv": "ln_1"}, heads=4)
+    with pytest.raises(ValueError, match="heads: Block has none of the attributes"):
+        convert_modules(teacher, init="random", **{**NANO, "modules": "transformer.h.*", "qkv": "mlp.0"})
+    with pytest.raises(ValueError, match="the query projection's 32 outputs do not split into 5 heads"):
+        convert_modules(teacher, init="random", heads=5, **NANO)
+    with pytest.raises(ValueError, match="heads: CausalSelfAttention.c_proj is Linear"):
+        convert_modules(teacher, init="random", heads="c_proj", **NANO)
+    with pytest.raises(ValueError, match="qkv: 'c_proj' has 32 outputs, not three"):
+        convert_modules(teacher, init="random", **{**NANO, "qkv": "c_proj"})
+    with pytest.raises(ValueError, match="student 'hybrid' is causal only"):
+        convert_modules(Encoder(), "hybrid", **LUCID)
+    model, _ = convert_modules(teacher, init="random", s=8, **NANO)
+    with pytest.raises(TypeError, match="takes the tokens alone"):
+        model.transformer.h[2].attn(torch.randn(1, 4, 32, dtype=torch.float64), None)
+    with pytest.raises(ValueError, match=r"layer 2 \(transformer.h.2.attn\) is already converted"):
+        convert_modules(model, init="random", s=8, **NANO)
+    called = Encoder().double()
+    masked = Masked(24, 4, 8).double()
+    masked.load_state_dict(called.layers[1].attn.state_dict())
+    called.layers[1].attn = masked
+    called.layers[1].forward = lambda x, layer=called.layers[1]: x + layer.attn(layer.ln_1(x), None)
+    with pytest.raises(ValueError, match=r"layer 1 \(layers.1.attn\) was called with 2 positional argument"):
+        convert_modules(
+            called,
+            "primal",
+            1,
+            batches=[torch.randn(16, 9, 5, dtype=torch.float64)],
+            s=6,
+            data_dependent=False,
+            **LUCID,
+        )
+
+
+class Masked(Attention):
+    """A module that also takes a mask: not one ``convert_modules`` reads."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return super().forward(x)
