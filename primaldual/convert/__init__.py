@@ -9,9 +9,10 @@ runs both, with a run directory, see ``docs/conversion.md``).
 * :mod:`.init`: the KSVD and least-squares initialisation from the teacher (:func:`init_from_teacher`);
 * :mod:`.transfer`: the teacher-forced stage 1 (:func:`attention_transfer`);
 * :mod:`.lora`: low-rank adapters for stage 2 (:func:`add_lora`, :func:`merge_lora`);
-* :mod:`.torch_nn`, :mod:`.timm` and :mod:`.hf`: the same for a model whose attention is ``nn.MultiheadAttention``
-  (:func:`convert_torch`), a timm vision transformer (:func:`convert_timm`) and a transformers model
-  (``convert_hf``, which needs transformers), over :mod:`.external`.
+* :mod:`.torch_nn`, :mod:`.timm`, :mod:`.modules` and :mod:`.hf`: the same for a model whose attention is
+  ``nn.MultiheadAttention`` (:func:`convert_torch`), a timm vision transformer (:func:`convert_timm`), hand-written
+  attention modules named by path (:func:`convert_modules`) and a transformers model (``convert_hf``, which needs
+  transformers), over :mod:`.external`.
 """
 
 from __future__ import annotations
