@@ -2,11 +2,11 @@
 
 :func:`~primaldual.convert.hf.convert_hf` (transformers models), :func:`~primaldual.convert.timm.convert_timm` (timm
 vision transformers), :func:`~primaldual.convert.torch_nn.convert_torch` (models whose attention is
-``nn.MultiheadAttention``) and :func:`~primaldual.convert.modules.convert_modules` (hand-written attention) differ only in how they find a layer and read its inputs; a :class:`Reader` says that,
-and :func:`initialise_and_transfer` does the rest the same way for each: the KSVD and least-squares initialisation
-on the calibration batch (after :func:`check_rebuilt` has compared each layer rebuilt from the teacher's weights with
-the teacher's own), then :func:`~primaldual.convert.transfer.attention_transfer` with checkpoints a killed stage 1
-resumes from.
+``nn.MultiheadAttention``) and :func:`~primaldual.convert.modules.convert_modules` (hand-written attention) differ
+only in how they find a layer and read its inputs; a :class:`Reader` says that, and :func:`initialise_and_transfer`
+does the rest the same way for each: the KSVD and least-squares initialisation on the calibration batch (after
+:func:`check_rebuilt` has compared each layer rebuilt from the teacher's weights with the teacher's own), then
+:func:`~primaldual.convert.transfer.attention_transfer` with checkpoints a killed stage 1 resumes from.
 """
 
 from __future__ import annotations
