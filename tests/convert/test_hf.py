@@ -149,7 +149,8 @@ def test_bert_converts_to_a_bidirectional_primal_student_and_stage_one_lowers_it
 def test_a_vision_transformer_converts_from_batches_of_pixel_values():
     teacher = tiny("vit")
     g = torch.Generator().manual_seed(0)
-    images = ({"pixel_values": torch.randn(4, 3, 16, 16, generator=g)} for _ in range(8))
+    # a calibration batch of 24 images: 8 n / p = 20 at least for the data-dependent fit
+    images = ({"pixel_values": torch.randn(24 if i == 0 else 4, 3, 16, 16, generator=g)} for i in range(8))
     model, report = convert_hf(teacher, "primal", [-1], batches=images, steps=4, log_every=2, s=4)
     layer = hf_student_layers(model, [1])[0]
     assert layer.data_dependent and layer.n == 40  # s * rank_multi: sampled positions repeat over the 17 tokens

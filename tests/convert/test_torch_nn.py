@@ -179,8 +179,8 @@ def test_a_stage_1_resumed_from_its_checkpoint_ends_where_an_uninterrupted_one_d
 
     def stream(n: int):
         torch.manual_seed(123)
-        for _ in range(n):
-            yield (torch.randn(4, 10, 5, dtype=torch.float64),)
+        for i in range(n):  # a calibration batch of 12 series (8 n / p = 10), then stage 1's of 4
+            yield (torch.randn(12 if i == 0 else 4, 10, 5, dtype=torch.float64),)
 
     opts = {"steps": 6, "log_every": 2, "s": 4, "max_len": 10}
     straight, a = convert_torch(teacher, "primal", -1, batches=stream(7), **opts)

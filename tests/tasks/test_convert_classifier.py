@@ -35,7 +35,7 @@ def _convert(teacher, run_dir, *extra: str) -> list[str]:
 
 TINY_BUDGET = [
     "--options",
-    '{"s": 4, "eta": 0.1}',
+    '{"s": 4, "eta": 0.1, "n": 4}',  # n: 4 calibration series x p = 8 >= 8 n
     "--calibration_batches",
     "2",
     "--stage1.steps",
@@ -53,7 +53,7 @@ def test_a_uea_run_converts_to_primal_plus_in_a_run_directory_that_a_second_call
     assert not (run_dir / "convert" / "stage1.partial.pt").exists()
     cfg = run_config(run_dir)  # the converted model's config: test, validate and analyze read it
     assert cfg.model.attention == ["softmax", "primal"]
-    assert cfg.model.attention_options == [None, {"s": 4, "eta": 0.1}]
+    assert cfg.model.attention_options == [None, {"s": 4, "eta": 0.1, "n": 4}]
     assert cfg.trainer.max_epochs == 1 and cfg.name == "tiny-primal_plus"
     summary = json.loads((run_dir / "summary.json").read_text())
     conv = summary["convert"]
@@ -129,7 +129,7 @@ def test_a_teacher_whose_dataset_has_no_shipped_conversion_names_the_ones_there_
         yaml.safe_dump(
             {
                 "layers": "all",
-                "options": {"s": 4, "max_len": 17},
+                "options": {"s": 4, "n": 4},  # 4 calibration images x p = 8 >= 8 n
                 "calibration_batches": 1,
                 "stage1": {"steps": 2},
                 "stage2": {"trainer": {"max_steps": 2}, "schedule": {"total_steps": None}},
@@ -139,7 +139,7 @@ def test_a_teacher_whose_dataset_has_no_shipped_conversion_names_the_ones_there_
     run_here(_convert(vision_teacher, tmp_path / "conv", "-c", str(conv), "--threads", "1"))
     cfg = run_config(tmp_path / "conv")
     assert cfg.model.attention == ["primal", "primal"] and cfg.trainer.max_steps == 2
-    assert cfg.model.attention_options[0] == {"s": 4, "max_len": 17}
+    assert cfg.model.attention_options[0] == {"s": 4, "n": 4}
     figures = json.loads((tmp_path / "conv" / "convert" / "stage1.json").read_text())["init_figures"]
     assert set(figures) == {"0", "1"} and all("weights_residual" in f for f in figures.values())
 
@@ -164,7 +164,7 @@ def test_a_classifiers_stage_1_killed_mid_way_continues_to_the_uninterrupted_res
     from tests.train.helpers import Stage1Killed, stage1_stopper
 
     conv = tmp_path / "last.yaml"
-    conv.write_text(yaml.safe_dump({"options": {"s": 4, "max_len": 17}, "calibration_batches": 1,
+    conv.write_text(yaml.safe_dump({"options": {"s": 4, "n": 4}, "calibration_batches": 1,
                                     "stage1": {"steps": 6}, "stage2": {"trainer": {"max_steps": 1}}}))  # fmt: skip
     convert_classifier_run(vision_teacher, str(conv), run_dir=tmp_path / "straight", verbose=False)
     starts: list[int] = []
