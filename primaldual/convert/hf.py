@@ -105,7 +105,11 @@ def hf_attention_io(
             rope = rope if rotates else None  # a NoPE layer (SmolLM3) is handed the tables and leaves them unused
             if i in normed:  # post-norm (BERT): the module returned norm(attention + x); the attention is the rest
                 y = normed.pop(i) - x
-            seen[i] = (x.detach(), y.detach(), None if rope is None else tuple(t.detach() for t in rope))
+            seen[i] = (
+                x.detach().clone(),
+                y.detach().clone(),
+                None if rope is None else tuple(t.detach() for t in rope),
+            )
 
         def norm_input(mod: nn.Module, args: tuple, i: int = i) -> None:
             normed[i] = args[0]

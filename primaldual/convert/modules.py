@@ -164,7 +164,7 @@ def modules_attention_io(
                 raise ValueError(
                     f"layer {i} ({paths[i]}) returned {type(out).__name__}, not tokens of its input's shape"
                 )
-            seen[i] = (args[0].detach(), out.detach())
+            seen[i] = (args[0].detach().clone(), out.detach().clone())  # copies: the model may change them in place
 
         hooks.append(teacher.get_submodule(paths[i]).register_forward_hook(hook, with_kwargs=True))
     try:

@@ -58,7 +58,7 @@ def timm_attention_io(
             mask = args[1] if len(args) > 1 else kwargs.get("attn_mask")
             key = key_mask_from_attention_mask(mask, batch=B, q_len=N, kv_len=N, causal=False, name="attn_mask")
             y = out if key is None else out.masked_fill(~key[..., None], 0.0)  # students output zeros there
-            seen[i] = (x.detach(), y.detach(), key)
+            seen[i] = (x.detach().clone(), y.detach().clone(), key)  # copies: the model may add to them in place
 
         hooks.append(blocks[i].attn.register_forward_hook(hook, with_kwargs=True))
     try:

@@ -124,7 +124,7 @@ def torch_attention_io(
             causal = call_is_causal(attn_mask, is_causal, N)
             if key is not None:
                 y = y.masked_fill(~key[..., None], 0.0)  # the students' outputs are zero at padded tokens
-            seen[i] = (x.detach(), y.detach(), key, causal)
+            seen[i] = (x.detach().clone(), y.detach().clone(), key, causal)  # copies: in-place code may change them
 
         hooks.append(mha.register_forward_hook(hook, with_kwargs=True))
     fast = torch.backends.mha.get_fastpath_enabled()

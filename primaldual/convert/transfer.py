@@ -70,7 +70,7 @@ def teacher_attention_io(
                 )
             m = args[1] if len(args) > 1 else kwargs.get("mask")
             y = out[0] if isinstance(out, tuple) else out
-            seen[i] = (args[0].detach(), y.detach(), m)
+            seen[i] = (args[0].detach().clone(), y.detach().clone(), m)  # copies: in-place code may change them
 
         hooks.append(blocks[i].attn.register_forward_hook(hook, with_kwargs=True))
     try:

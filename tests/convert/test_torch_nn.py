@@ -271,3 +271,32 @@ def test_the_docs_example_runs():
     scope: dict = {}
     exec(compile(code, "docs/conversion.md", "exec"), scope)
     assert abs(scope["report"]["init"][5]["J"]) < 1e-5 and len(scope["report"]["history"]) == 3
+
+
+class InPlace(nn.Module):
+    """Blocks that add the residual into the attention output in place (``a += x``), a memory-saving idiom."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norms = nn.ModuleList([nn.LayerNorm(16) for _ in range(2)])
+        self.attns = nn.ModuleList([nn.MultiheadAttention(16, 2, batch_first=True) for _ in range(2)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for norm, attn in zip(self.norms, self.attns):
+            h = norm(x)
+            a = attn(h, h, h, need_weights=False)[0]
+            a += x
+            x = a
+        return x
+
+
+def test_an_output_the_model_changes_in_place_afterwards_is_recorded_as_it_was():
+    torch.manual_seed(0)
+    teacher = InPlace().double().eval()
+    x = torch.randn(4, 12, 16, dtype=torch.float64)
+    for i, (xr, y, _, _) in enumerate(torch_attention_io(teacher, (x,), [0, 1])):
+        with torch.no_grad():
+            torch.testing.assert_close(_reader(None, False).teacher_layer(teacher, i)(xr), y)
+    _, report = convert_torch(teacher, "primal", "all", batches=[(torch.randn(32, 12, 16, dtype=torch.float64),)],
+                              s=4, max_len=12)  # fmt: skip
+    assert all(report["init"][i]["rebuild_error"] < 1e-12 for i in (0, 1))
