@@ -22,6 +22,10 @@ class Capabilities:
         time: asymptotic time per layer call (N tokens, D width), for the registry table.
         memory: asymptotic activation memory, for the registry table.
         weights_meaning: what the returned weights are, for mechanisms without a softmax matrix.
+        stochastic_weights: the returned weights are a distribution over each query's real keys (non-negative,
+            summing to 1; zero for a query with no key to see, as a causal pooled head's first tokens), as attention
+            weights are where a model reads them (``nn.MultiheadAttention``'s);
+            ``False``: another matrix (``weights_meaning`` says which), which stand-ins for such modules do not return.
         decoding: how a causal layer decodes one token at a time (:meth:`AttentionLayer.step`):
             ``"kv_cache"`` (keys and values of the prefix, O(T) memory), ``"window_cache"`` (the last keys of a
             local window, O(window) when the pattern has no stride), ``"constant"`` (a state whose size does
@@ -39,5 +43,6 @@ class Capabilities:
     time: str = "O(N^2 D)"
     memory: str = "O(N^2)"
     weights_meaning: str = "row-stochastic attention matrix"
+    stochastic_weights: bool = True
     decoding: str = "recompute"
     rope: bool = False

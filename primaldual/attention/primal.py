@@ -167,6 +167,7 @@ def _disagreement(a: Tensor, b: Tensor) -> str | None:
         aux_loss=True,
         decoding="constant",
         weights_meaning="implicit asymmetric kernel phi_q(Q) phi_k(K)^T per head (not row-stochastic)",
+        stochastic_weights=False,
     ),
 )
 class PrimalAttention(AuxLossMixin, AttentionLayer):

@@ -489,7 +489,8 @@ class MultiheadSelfAttention(nn.Module):
             key_padding_mask: ``(B, N)``, **True / -inf = padding** (``nn.MultiheadAttention``'s convention),
                 converted to primaldual's True = real.
             need_weights: also return the weights, ``(B, N, N)`` averaged over heads or ``(B, H, N, N)``
-                (None for a mechanism that cannot return weights).
+                (None for a mechanism without attention weights, ``primal`` among them: its kernel matrix is no
+                distribution over the keys, and forming it would cost O(N^2)).
             attn_mask: None or a causal ``(N, N)`` mask (bool True = not allowed, or additive float).
             is_causal: causal hint, as in PyTorch.
 
@@ -519,7 +520,8 @@ class MultiheadSelfAttention(nn.Module):
                 f"{'causal' if causal else 'bidirectional'} attention (attn_mask / is_causal); build it with "
                 f"causal={causal}"
             )
-        want = need_weights and type(self.attn).capabilities.weights
+        caps = type(self.attn).capabilities
+        want = need_weights and caps.weights and caps.stochastic_weights  # primal's kernel is no attention weights
         if want:
             out, weights = self.attn(x, mask, need_weights=True)
             if weights is not None and average_attn_weights:

@@ -276,8 +276,14 @@ def test_capability_flags_are_enforced(name):
         layer = pd.build_attention(name, DIM, HEADS, causal=causal)
         x = torch.randn(2, N, DIM)
         if caps.weights:
-            out, w = layer(x, _mask(2, N), need_weights=True)
+            mask = _mask(2, N)
+            out, w = layer(x, mask, need_weights=True)
             assert w.shape == (2, HEADS, N, N)
+            if caps.stochastic_weights:  # a distribution over the real keys of every real query
+                real = w.transpose(1, 2)[mask]  # (B, H, N, N) -> (B, N, H, N) -> the real queries' (T, H, N)
+                sums = real.sum(-1)  # 1, or 0 for a query with no key yet (a causal pooled head's first tokens)
+                assert (real >= 0).all()
+                torch.testing.assert_close(sums, (sums > 0.5).to(sums.dtype))
         else:
             with pytest.raises(ValueError, match="weights"):
                 layer(x, need_weights=True)

@@ -72,6 +72,9 @@ def test_stand_in_inside_a_decoder_layer_and_primal_aux_loss():
     y, w = attn(x, x, x, key_padding_mask=pad)
     assert y.shape == x.shape and w.shape == (3, 10, 10)
     assert torch.equal(y[pad], torch.zeros_like(y[pad]))
+    # nn.MultiheadAttention's default need_weights=True: primal's kernel matrix is no attention weights, not formed
+    y, w = MultiheadSelfAttention(32, 4, "primal", batch_first=True, s=4)(x, x, x, key_padding_mask=pad)
+    assert w is None and y.shape == x.shape
 
 
 def test_mask_conventions_are_converted_not_guessed():
