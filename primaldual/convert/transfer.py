@@ -193,8 +193,16 @@ def attention_transfer(
             ksvd = sum(
                 (torch.stack([w * t for _, w, t in g]).mean() for g in terms.values() if g), losses.new_zeros(())
             )
+            loss = losses.mean() + ksvd
+            if not bool(torch.isfinite(loss)):  # one host sync per update; a stage 1 gone NaN stops here
+                half = params[0].dtype == torch.float16
+                raise ValueError(
+                    f"stage 1: the loss at update {state.step + 1} is {float(loss.detach())}"
+                    + (": float16 students overflow or lose Adam's updates; convert a float32 or bfloat16 copy and "
+                       "cast the result" if half else "")
+                )  # fmt: skip
             opt.zero_grad(set_to_none=True)
-            (losses.mean() + ksvd).backward()
+            loss.backward()
             opt.step()
             state.step += 1
             if state.step == 1 or state.step % log_every == 0 or state.step == steps:
@@ -209,6 +217,8 @@ def attention_transfer(
             if on_step is not None:
                 on_step(state, opt)
     finally:
+        for p in params:  # stage 1's gradients would add to the first backward of stage 2
+            p.grad = None
         for p, flag in trainable:
             p.requires_grad_(flag)
         for m, mode in modes:  # parents first, each by its own train()

@@ -300,3 +300,15 @@ def test_an_output_the_model_changes_in_place_afterwards_is_recorded_as_it_was()
     _, report = convert_torch(teacher, "primal", "all", batches=[(torch.randn(32, 12, 16, dtype=torch.float64),)],
                               s=4, max_len=12)  # fmt: skip
     assert all(report["init"][i]["rebuild_error"] < 1e-12 for i in (0, 1))
+
+
+def test_stage_1_leaves_no_gradients_and_stops_at_a_loss_that_is_not_finite():
+    teacher = _net()
+    batches = [_batch(10, B=32)] + [_batch(11 + i) for i in range(2)]
+    model, _ = convert_torch(teacher, "primal", -1, batches=batches, steps=2, s=6, max_len=10)
+    assert all(p.grad is None for p in model.parameters())  # stage 2's first backward starts from zero
+    torch.manual_seed(0)
+    half = nn.TransformerEncoder(nn.TransformerEncoderLayer(64, 4, 128, batch_first=True), 2).half().eval()
+    batches = [(torch.randn(32, 10, 64, dtype=torch.float16),)] + [(torch.randn(4, 10, 64).half(),)] * 3
+    with pytest.raises(ValueError, match=r"stage 1: the loss at update \d is nan: float16 students"):
+        convert_torch(half, "primal", -1, batches=batches, steps=3, s=8, max_len=10)
