@@ -27,6 +27,7 @@ from ..integrations.torch_nn import (
     call_is_causal,
     key_mask_from_padding_mask,
     resolve_layer_indices,
+    same_tensor,
 )
 from .external import Reader, call_model, check_stages, initialise_and_transfer
 from .students import check_student
@@ -104,7 +105,9 @@ def torch_attention_io(
             if i in seen:
                 raise ValueError(f"layer {i} ran twice in one forward: the transfer reads one call per layer")
             q = _argument(args, kwargs, 0, "query")
-            if _argument(args, kwargs, 1, "key") is not q or _argument(args, kwargs, 2, "value") is not q:
+            if not same_tensor(_argument(args, kwargs, 1, "key"), q) or not same_tensor(
+                _argument(args, kwargs, 2, "value"), q
+            ):
                 raise ValueError(
                     f"layer {i} ({paths[i]}) was called with keys or values other than its queries: not "
                     "self-attention (name the module holding the self-attention layers with stack='...')"

@@ -50,6 +50,7 @@ __all__ = [
     "key_mask_from_attention_mask",
     "key_mask_from_padding_mask",
     "resolve_layer_indices",
+    "same_tensor",
     "with_original",
 ]
 
@@ -61,8 +62,28 @@ _WHENCE = {  # what of the model a reserved option comes from, where the name do
 }
 
 
+def same_tensor(a: object, b: Tensor) -> bool:
+    """Whether ``a`` is ``b``, or a view of the same elements in the same layout (``x.transpose(0, 1)`` taken three
+    times for query, key and value): self-attention, told apart without reading a value (no host sync)."""
+    if a is b:
+        return True
+    return (
+        isinstance(a, Tensor)
+        and a.data_ptr() == b.data_ptr()
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.dtype == b.dtype
+        and a.device == b.device
+    )
+
+
 # --------------------------------------------------------------------------------------------------
 # masks
+
+#: an additive float mask's values at or below this mask a key (as -inf does)
+HARD_MASK = -1e4
+
+
 def _allowed_from_dense(mask: Tensor, name: str, *, true_means: str) -> Tensor:
     """A dense bool / additive-float mask as a bool tensor, True = may attend.
 
@@ -78,11 +99,13 @@ def _allowed_from_dense(mask: Tensor, name: str, *, true_means: str) -> Tensor:
             "ambiguous here: convert them explicitly (e.g. mask.bool())"
         )
     attend = mask == 0
-    masked = mask <= torch.finfo(mask.dtype).min / 2  # -inf and finfo.min alike
+    # -inf, finfo.min and the common -1e9 / -1e4 alike: softmax gives such a key exactly zero weight beside any
+    # attended logit less than 1e4 - 745 above it (exp underflows even in float64)
+    masked = mask <= HARD_MASK
     if not bool((attend | masked).all()):
         raise ValueError(
-            f"{name} is an additive float mask with values other than 0 (attend) and -inf / finfo.min (masked); "
-            "primaldual layers honour hard masks only, not soft attention biases"
+            f"{name} is an additive float mask with values other than 0 (attend) and -inf or <= {HARD_MASK:g} "
+            "(masked); primaldual layers honour hard masks only, not soft attention biases"
         )
     return attend
 
@@ -498,10 +521,10 @@ class MultiheadSelfAttention(nn.Module):
             ``(out, weights or None)`` with ``out`` in the input's layout. Unlike ``nn.MultiheadAttention``,
             outputs at padded positions are exactly zero.
         """
-        if key is not query or value is not query:
+        if not same_tensor(key, query) or not same_tensor(value, query):
             raise ValueError(
-                "MultiheadSelfAttention is self-attention: key and value must be the query tensor itself "
-                "(keep nn.MultiheadAttention for cross-attention)"
+                "MultiheadSelfAttention is self-attention: key and value must be the query tensor itself, or the "
+                "same view of it (keep nn.MultiheadAttention for cross-attention)"
             )
         unbatched = query.dim() == 2
         x = query[None] if unbatched else (query if self.batch_first else query.transpose(0, 1))  # (B, N, C)

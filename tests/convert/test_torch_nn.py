@@ -312,3 +312,24 @@ def test_stage_1_leaves_no_gradients_and_stops_at_a_loss_that_is_not_finite():
     batches = [(torch.randn(32, 10, 64, dtype=torch.float16),)] + [(torch.randn(4, 10, 64).half(),)] * 3
     with pytest.raises(ValueError, match=r"stage 1: the loss at update \d is nan: float16 students"):
         convert_torch(half, "primal", -1, batches=batches, steps=3, s=8, max_len=10)
+
+
+class SeqFirst(nn.Module):
+    """A sequence-first ``nn.MultiheadAttention`` called on three views of the batch-first tokens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.transpose(0, 1)  # (B, N, C) -> (N, B, C)
+        return x + self.attn(t, x.transpose(0, 1), x.transpose(0, 1), need_weights=False)[0].transpose(0, 1)
+
+
+def test_self_attention_called_on_views_of_one_tensor_converts():
+    torch.manual_seed(0)
+    teacher = SeqFirst().double().eval()
+    model, report = convert_torch(teacher, "primal", -1, batches=[torch.randn(24, 10, 16, dtype=torch.float64)],
+                                  s=4, max_len=10)  # fmt: skip
+    assert report["init"][0]["rebuild_error"] < 1e-12
+    assert model(torch.randn(2, 10, 16, dtype=torch.float64)).shape == (2, 10, 16)

@@ -87,6 +87,12 @@ def test_mask_conventions_are_converted_not_guessed():
         key_mask_from_padding_mask(pad.long(), 1, 3)
     with pytest.raises(ValueError, match="soft attention biases"):
         key_mask_from_padding_mask(torch.tensor([[0.0, -1.0, 0.0]]), 1, 3)
+    for big in (-1e9, -1e4, torch.finfo(torch.float32).min):  # the large negatives masks are written with
+        assert torch.equal(key_mask_from_padding_mask(torch.zeros(1, 3).masked_fill(pad, big), 1, 3), ~pad)
+    with pytest.raises(ValueError, match="soft attention biases"):
+        key_mask_from_padding_mask(torch.tensor([[0.0, -9e3, 0.0]]), 1, 3)
+    causal = torch.full((3, 3), -1e9).triu(1)  # a causal mask written with -1e9
+    assert key_mask_from_attention_mask(causal, batch=1, q_len=3, kv_len=3, causal=True) is None
     sdpa = (~pad)[:, None, None, :]  # (B, 1, 1, N) True = attend
     assert torch.equal(key_mask_from_attention_mask(sdpa, batch=1, q_len=3, kv_len=3, causal=False), ~pad)
     window = torch.ones(3, 3, dtype=torch.bool).triu(-1).tril(1)
@@ -109,5 +115,7 @@ def test_stand_in_errors_name_the_problem():
     attn = enc.layers[-1].self_attn
     with pytest.raises(ValueError, match="self-attention"):
         attn(x, x.clone(), x)
+    y = attn.eval()(x.transpose(0, 1).transpose(0, 1), x.transpose(0, 1).transpose(0, 1), x)[0]  # views of x
+    torch.testing.assert_close(y, attn(x, x, x)[0])
     with pytest.raises(ValueError, match="None or causal"):
         attn(x, x, x, attn_mask=torch.ones(10, 10, dtype=torch.bool).triu(3))
