@@ -25,6 +25,7 @@ from .students import new_parameters
 from .transfer import TransferState, attention_transfer
 
 __all__ = [
+    "CHECKPOINT_KEYS",
     "INITS",
     "Reader",
     "call_model",
@@ -36,6 +37,8 @@ __all__ = [
 
 #: the ``init`` choices of a conversion
 INITS = ("teacher", "random")
+#: what a stage-1 checkpoint (``on_checkpoint``'s argument, ``resume``) holds
+CHECKPOINT_KEYS = frozenset({"params", "optimizer", "step", "history", "init", "rng"})
 
 
 def check_stages(init: str, steps: int, log_every: int = 10) -> None:
@@ -151,6 +154,9 @@ def initialise_and_transfer(
     check_batches(batches)
     batches = map(reader.batch, batches)
     if resume is not None:
+        if not isinstance(resume, Mapping) or (missing := sorted(CHECKPOINT_KEYS - set(resume))):
+            what = f"it lacks {missing}" if isinstance(resume, Mapping) else f"got {type(resume).__name__}"
+            raise ValueError(f"resume: expected a stage-1 checkpoint (what on_checkpoint was handed); {what}")
         if steps <= resume["step"]:
             raise ValueError(
                 f"resume: the checkpoint is at stage-1 update {resume['step']}; steps must be above it, got {steps}"
@@ -213,12 +219,26 @@ def _stage1_state(
     opt = torch.optim.Adam(params, lr=lr)
     if resume is None:
         return TransferState(), opt, names
-    if set(resume["params"]) != names:
-        raise ValueError("resume: its parameters are not this conversion's (another student, layer set or model)")
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters() if n in names}
+    theirs = {n: tuple(t.shape) for n, t in resume["params"].items()}
+    if theirs != shapes:
+        raise ValueError(
+            "resume: its parameters are not this conversion's (another student, layer set, model or options such as "
+            f"s or max_len): {_first_difference(theirs, shapes)}"
+        )
     model.load_state_dict(resume["params"], strict=False)
     opt.load_state_dict(copy.deepcopy(resume["optimizer"]))  # Adam updates its state in place: keep the caller's
+    for group in opt.param_groups:
+        group["lr"] = lr  # this call's, as for a fresh stage 1 (the loaded state carries the checkpoint's)
     report["init"] = resume["init"]
     return TransferState(resume["step"], list(resume["history"])), opt, names
+
+
+def _first_difference(theirs: dict[str, tuple], ours: dict[str, tuple]) -> str:
+    for name in sorted(set(theirs) | set(ours)):
+        if theirs.get(name) != ours.get(name):
+            return f"{name} is {theirs.get(name, 'absent')} there, {ours.get(name, 'absent')} here"
+    return ""
 
 
 def _next(batches: Iterator[Any], message: str) -> Any:

@@ -67,6 +67,9 @@ def timm_attention_io(
     finally:
         for h in hooks:
             h.remove()
+    missing = [i for i in layers if i not in seen]
+    if missing:
+        raise ValueError(f"blocks {missing} did not run in the teacher's forward on this batch")
     return [seen[i] for i in layers]
 
 

@@ -149,3 +149,10 @@ def test_timms_own_vision_transformer_converts():
     torch.testing.assert_close(TIMM_READER.teacher_layer(vit, 1)(io[0][0]), io[0][1], atol=1e-5, rtol=1e-4)
     model, report = convert_timm(vit, "primal", -1, batches=[torch.rand(8, 3, 16, 16)] * 3, steps=2, s=8)
     assert abs(report["init"][1]["J"]) < 1e-5 and model(torch.rand(2, 3, 16, 16)).shape == (2, 3)
+
+
+def test_a_chosen_block_that_does_not_run_is_named():
+    teacher = _vit()
+    teacher.forward = lambda images: teacher.blocks[0](torch.zeros(len(images), 17, 32, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"blocks \[2\] did not run in the teacher's forward"):
+        timm_attention_io(teacher, _images(0), [0, 2])

@@ -199,6 +199,17 @@ def test_a_stage_1_resumed_from_its_checkpoint_ends_where_an_uninterrupted_one_d
     with pytest.raises(ValueError, match="resume: the checkpoint was made with init='teacher', this call has "
                        "init='random'"):  # fmt: skip
         convert_torch(teacher, "primal", -1, batches=stream(7), resume=saved[0], init="random", **opts)
+    with pytest.raises(
+        ValueError, match=r"resume: .* options such as s or max_len\): .*concat.weight is \(8, 8\) there, \(8, 6\) here"
+    ):
+        convert_torch(teacher, "primal", -1, batches=stream(7), resume=saved[0], **{**opts, "s": 3})
+    with pytest.raises(ValueError, match=r"resume: expected a stage-1 checkpoint .* it lacks \['history', 'init'"):
+        convert_torch(teacher, "primal", -1, batches=stream(7), resume={"step": 1}, **opts)
+    # the learning rate is this call's, not the checkpoint's
+    seen: list[float] = []
+    convert_torch(teacher, "primal", -1, batches=stream(7), resume=saved[0], lr=0.5,
+                  on_checkpoint=lambda c: seen.append(c["optimizer"]["param_groups"][0]["lr"]), **opts)  # fmt: skip
+    assert seen == [0.5]
 
 
 def test_the_copy_and_the_teacher_keep_their_modes_and_trainable_flags():
