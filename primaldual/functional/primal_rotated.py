@@ -40,6 +40,7 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from ..options import check_int
 
@@ -181,6 +182,7 @@ class _RangeMap(torch.autograd.Function):
         return torch.baddbmm(bias.expand(y.shape[0], 1, -1), y, f_y)
 
     @staticmethod
+    @once_differentiable  # the formulas use f_z = 0 and z's zero gradient: wrong if differentiated again
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, Tensor, Tensor, Tensor | None]:
         y, z, f_y = ctx.saved_tensors
         # z's gradient would be grad f_z^T = 0: z reaches the loss through the norm only
@@ -234,6 +236,7 @@ class _FeatureMap(torch.autograd.Function):
         return y, z, per_token.sum((1, 3))  # (B, G)
 
     @staticmethod
+    @once_differentiable  # A is diagonal and M_z zero in value only: a second derivative would be wrong
     def backward(ctx, d_y: Tensor | None, d_z: Tensor | None, grad: Tensor | None) -> tuple[Tensor | None, ...]:
         y, z, inv, free, *rest = ctx.saved_tensors
         # s = sum_j g_j y_j from dy and the per-token energy, so that g, the total gradient of y, has one consumer

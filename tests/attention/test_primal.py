@@ -162,6 +162,22 @@ def test_path_option_forces_the_evaluation(path, grad, taken):
     layer.pop_aux_losses()
 
 
+def test_a_second_derivative_through_the_rotated_evaluation_is_refused_and_the_score_path_gives_it():
+    torch.manual_seed(0)
+    x = torch.randn(1, 24, 16, dtype=torch.float64, requires_grad=True)
+    grads = {}
+    for path in ("rotated", "scores"):
+        layer = pd.build_attention("primal", 16, 2, s=4, path=path).double()
+        (g,) = torch.autograd.grad(layer(x).square().sum(), x, create_graph=True)
+        if path == "rotated":  # its backward uses quantities zero in value only: no silent wrong Hessian
+            with pytest.raises(RuntimeError, match="once_differentiable"):
+                g.square().sum().backward()
+        else:
+            (grads[path],) = torch.autograd.grad(g.square().sum(), layer.w_e)
+        layer.pop_aux_losses()
+    assert torch.isfinite(grads["scores"]).all()
+
+
 def test_custom_thresholds_move_the_crossover():
     layer = pd.build_attention("primal", 16, 2, s=4, thresholds={"min_tokens_eager": 32})
     assert layer.thresholds == RotatedThresholds(min_tokens_eager=32)
