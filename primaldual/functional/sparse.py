@@ -253,7 +253,9 @@ def _blocked(
     if G > 0:  # global queries see every key: a dense (G x N) softmax overwrites their rows
         gq_allowed = kmask[:, None, None, :]  # (B, 1, 1, N)
         if causal:
-            gq_allowed = gq_allowed & sparse_pattern(N, window, stride, num_global, True, dev)[None, None, :G]
+            # a global query i sees every key j <= i: the pattern's first G rows, (G, N), without its N x N
+            upto = torch.arange(N, device=dev)[None, :] <= torch.arange(G, device=dev)[:, None]  # (G, N)
+            gq_allowed = gq_allowed & upto[None, None]
         o_g, _ = softmax_attention(
             q[:, :, :G],
             k,

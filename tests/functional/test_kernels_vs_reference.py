@@ -209,3 +209,16 @@ def test_auto_backend_takes_the_explicit_matrix_for_short_low_precision_cpu_atte
     long = [torch.randn(1, 1, n, 8, dtype=dtype) for _ in range(3)]
     S.softmax_attention(*long, causal=True)
     assert len(calls) == 2  # past the threshold: SDPA
+
+
+def test_causal_sparse_global_queries_build_no_n_by_n_pattern(monkeypatch):
+    """The global queries of a causal pattern see keys 0..i: a (G, N) mask, never the dense (N, N) pattern."""
+    import primaldual.functional.sparse as sparse
+
+    q, k, v = (torch.randn(2, 2, 40, 8, dtype=torch.float64) for _ in range(3))
+    km = torch.ones(2, 40, dtype=torch.bool)
+    km[1, 33:] = False
+    ref = sparse_attention_ref(q, k, v, 3, 0, 2, key_mask=km, causal=True)
+    monkeypatch.setattr(sparse, "sparse_pattern", lambda *a, **k: pytest.fail("the dense pattern was built"))
+    out = sparse_attention(q, k, v, window=3, num_global=2, key_mask=km, causal=True)[0]
+    assert rel_err(out[km[:, None, :, None].expand_as(out)], ref[km[:, None, :, None].expand_as(ref)]) < 1e-12
