@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import field, fields
 from typing import Any
 
+import torch
+
 __all__ = [
     "UnusedOptionWarning",
     "check_bool",
@@ -59,6 +61,8 @@ def check_number(
     """A finite real number in ``[low, high]`` (``low_open`` / ``high_open`` exclude the ends); returns a float."""
     if value is None and allow_none:
         return None
+    if torch.compiler.is_compiling():  # a float traced with dynamic=True is symbolic; the eager calls check it
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number{_range(low, high, low_open, high_open)}, got {value!r}")
     v = float(value)

@@ -149,3 +149,14 @@ def test_even_positions_match_linspace_without_host_sync():
             ref = torch.linspace(0, max(length - 1, 0), n, dtype=torch.long)
             assert torch.equal(row, ref), (length, n)
     assert torch.equal(even_positions(torch.tensor([3]), 151)[0], torch.linspace(0, 2, 151, dtype=torch.long))
+
+
+@pytest.mark.parametrize("name,opts", [("softmax", {"attn_drop": 0.1}), ("softmax_bn", {}), ("linear", {})])
+def test_layers_trace_with_symbolic_sizes_in_training_mode(name, opts):
+    """``dynamic=True`` turns the per-call float options (a dropout probability, a BN epsilon) symbolic: the checks
+    that read their values stay in the eager calls, and the graph traces whole (``backend="eager"``: tracing only)."""
+    torch._dynamo.reset()
+    layer = pd.build_attention(name, 12, 3, **opts).train()
+    compiled = torch.compile(layer, fullgraph=True, dynamic=True, backend="eager")
+    for n in (9, 17):
+        compiled(torch.randn(2, n, 12)).sum().backward()

@@ -103,6 +103,8 @@ _KERNELS = ("softmax", "linear")
 
 def check_bn(beta: float, eps: float, stats_over: str) -> None:
     """Validate the Attention-BN options (``eps`` is ``bn_eps``); raises ValueError naming the option."""
+    if torch.compiler.is_compiling():  # floats traced with dynamic=True are symbolic; the eager calls check them
+        return
     if not isinstance(beta, (int, float)) or not math.isfinite(beta):
         raise ValueError(f"beta must be a finite number (weight on the key mean), got {beta!r}")
     if not isinstance(eps, (int, float)) or not eps > 0:
