@@ -27,7 +27,7 @@ from ..functional.rotary import apply_rope, check_rope
 from ..options import check_bool, check_choice, check_number
 from .capabilities import Capabilities
 
-__all__ = ["AttentionLayer", "KVCache", "PrefixState", "QKVAttention"]
+__all__ = ["AttentionLayer", "KVCache", "PrefixState", "QKVAttention", "accumulation_dtype", "cache_dtype"]
 
 
 class PrefixState(NamedTuple):
@@ -251,7 +251,7 @@ class AttentionLayer(nn.Module):
         """
         self._check_decoding()
         ref = next(self.parameters())
-        fk = {"device": device or ref.device, "dtype": dtype or ref.dtype}
+        fk = {"device": device or ref.device, "dtype": cache_dtype(dtype, ref.dtype, self.registry_name)}
         return PrefixState(
             torch.zeros(batch, 0, self.dim, **fk), torch.zeros(batch, 0, dtype=torch.bool, device=fk["device"])
         )
@@ -396,7 +396,7 @@ class QKVAttention(AttentionLayer):
     def _empty_cache(self, batch: int, device: torch.device | str | None, dtype: torch.dtype | None) -> KVCache:
         self._check_decoding()
         ref = self.qkv.weight
-        fk = {"device": device or ref.device, "dtype": dtype or ref.dtype}
+        fk = {"device": device or ref.device, "dtype": cache_dtype(dtype, ref.dtype, self.registry_name)}
         empty = torch.zeros(batch, self.num_heads, 0, self.head_dim, **fk)  # (B, H, 0, D)
         dev = fk["device"]
         mask = torch.zeros(batch, 0, dtype=torch.bool, device=dev)  # (B, 0)
@@ -435,6 +435,23 @@ class QKVAttention(AttentionLayer):
         # the cache owns its buffers (appending and pruning write in place; k and v are views of one projection)
         k_buf, v_buf = (t.detach().clone(memory_format=torch.contiguous_format) for t in (k, v))
         return self._out(out), KVCache.of(k_buf, v_buf, real.clone())
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a running sum over a context is kept in for a layer of ``dtype``: float32 for float16 / bfloat16
+    layers (their forwards sum in float32 too), the layer's own otherwise."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def cache_dtype(requested: torch.dtype | None, layer: torch.dtype, name: str) -> torch.dtype:
+    """The dtype of a cache of keys, values or inputs, which the layer reads back as they are: the layer's own; another
+    ``dtype`` asked of ``init_state`` is an error that names it."""
+    if requested is not None and requested != layer:
+        raise ValueError(
+            f"dtype: attention {name!r} keeps its decoding cache in the layer's dtype ({layer}); got {requested} "
+            "(cast the layer instead)"
+        )
+    return layer
 
 
 def _state_batch(state: Any) -> int | None:

@@ -36,7 +36,7 @@ from ..aux_loss import AuxLossMixin
 from ..functional.primal import KSVD_REDUCTIONS, causal_prefix_mean, cosine_feature_map, ksvd_loss_from_scores
 from ..functional.rotary import apply_rope
 from ..options import check_bool, check_choice, check_int, check_number
-from .base import AttentionLayer, KVCache, RopeTables
+from .base import AttentionLayer, KVCache, RopeTables, accumulation_dtype
 from .capabilities import Capabilities
 from .primal import PrimalState, reset_primal_weights
 from .registry import register_attention
@@ -187,9 +187,10 @@ class HybridAttention(AuxLossMixin, SparseAttention):
     def init_state(
         self, batch: int, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
     ) -> HybridState:
-        """An empty state for ``batch`` sequences: an empty window cache and zero primal sums."""
+        """An empty state for ``batch`` sequences: an empty window cache (in the layer's dtype) and zero primal sums
+        (float32 for a float16 / bfloat16 layer, as the forward's prefix sums)."""
         cache = self._empty_cache(batch, device, dtype)
-        return HybridState(cache, self._primal_state(batch, cache.k_buf.device, cache.k_buf.dtype))
+        return HybridState(cache, self._primal_state(batch, cache.k_buf.device, accumulation_dtype(cache.k_buf.dtype)))
 
     def _prefill(self, x: Tensor, mask: Tensor | None, rope: RopeTables | None = None) -> tuple[Tensor, HybridState]:
         win, branch, qkv = self.heads(x, mask, rope)
@@ -199,12 +200,13 @@ class HybridAttention(AuxLossMixin, SparseAttention):
         real = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else mask  # (B, N)
         k_buf, v_buf = (t.clone(memory_format=torch.contiguous_format) for t in (k, v))
         cache = self._prune(KVCache.of(k_buf, v_buf, real.clone()))
-        take = real.to(q.dtype)  # (B, N)
-        primal = self._primal_state(x.shape[0], x.device, q.dtype)
+        acc = accumulation_dtype(q.dtype)
+        take = real.to(acc)  # (B, N)
+        primal = self._primal_state(x.shape[0], x.device, acc)
         if self.has_branch:
             if rope is not None:  # the branch sums the unrotated queries and keys
                 q, k, _ = (t.detach() for t in self._qkv(x))
-            sums = torch.einsum("bn,bhnd->bhd", take, torch.stack((q, k), 1).flatten(1, 2))  # (B, 2H, D)
+            sums = torch.einsum("bn,bhnd->bhd", take, torch.stack((q, k), 1).flatten(1, 2).to(acc))  # (B, 2H, D)
             sum_q, sum_k = sums.view(x.shape[0], 2, self.num_heads, -1).unbind(1)  # (B, H, D) each
             primal = PrimalState(sum_q.contiguous(), sum_k.contiguous(), take.sum(1))
         return self._out(win), HybridState(cache, primal)
@@ -222,15 +224,18 @@ class HybridAttention(AuxLossMixin, SparseAttention):
         out, cache = self._window_step(qr, kr, v, state.window, mask_t)  # (B, H, 1, D)
         primal = state.primal
         if self.has_branch:
-            take = mask_t.to(q.dtype)[:, None, None]  # (B, 1, 1)
-            sum_q = primal.sum_q + q[:, :, 0] * take  # (B, H, D)
-            sum_k = primal.sum_k + k[:, :, 0] * take
-            count = primal.count + mask_t.to(q.dtype)
+            acc = primal.sum_q.dtype  # the sums' dtype (float32 for a half layer): the branch's
+            take = mask_t.to(acc)[:, None, None]  # (B, 1, 1)
+            sum_q = primal.sum_q + q[:, :, 0].to(acc) * take  # (B, H, D)
+            sum_k = primal.sum_k + k[:, :, 0].to(acc) * take
+            count = primal.count + mask_t.to(acc)
             mean = torch.stack((sum_q, sum_k), 1) / count.clamp_min(1.0)[:, None, None, None]  # (B, 2, H, D)
             phi = cosine_feature_map(mean, self.eps)
-            scores = torch.einsum("bthd,thds->bhts", phi, torch.stack((self.w_e, self.w_r)))  # (B, H, 2, s)
-            branch = F.linear(scores.flatten(2), self.concat.weight, self.concat.bias)  # (B, H, D)
-            out = out + (self.gate.view(1, -1, 1).to(out.dtype) * branch)[:, :, None]  # (B, H, 1, D)
+            w = torch.stack((self.w_e, self.w_r)).to(acc)  # (2, H, D, s)
+            scores = torch.einsum("bthd,thds->bhts", phi, w)  # (B, H, 2, s)
+            branch = F.linear(scores.flatten(2), self.concat.weight.to(acc), self.concat.bias.to(acc))  # (B, H, D)
+            branch = self.gate.view(1, -1, 1).to(acc) * branch
+            out = out + branch.to(out.dtype)[:, :, None]  # (B, H, 1, D)
             primal = PrimalState(sum_q, sum_k, count)
         return self._out_step(out, mask_t), HybridState(cache, primal)
 

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from ..functional.linear import elu_feature_map, linear_attention
 from ..options import check_int, check_number
-from .base import QKVAttention
+from .base import QKVAttention, accumulation_dtype
 from .capabilities import Capabilities
 from .registry import register_attention
 
@@ -59,10 +59,11 @@ class LinearAttention(QKVAttention):
     def init_state(
         self, batch: int, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
     ) -> LinearState:
-        """A zero state for ``batch`` sequences (causal layers only): its size does not grow with the context."""
+        """A zero state for ``batch`` sequences (causal layers only): its size does not grow with the context. Its sums
+        are kept in ``dtype`` (default: float32 for a float16 / bfloat16 layer, as the forward sums)."""
         self._check_decoding()
         ref = self.qkv.weight
-        fk = {"device": device or ref.device, "dtype": dtype or ref.dtype}
+        fk = {"device": device or ref.device, "dtype": dtype or accumulation_dtype(ref.dtype)}
         H, D = self.num_heads, self.head_dim
         return LinearState(torch.zeros(batch, H, D, D, **fk), torch.zeros(batch, H, D, **fk))
 
@@ -71,10 +72,11 @@ class LinearAttention(QKVAttention):
         q, k, v = self._qkv(x)  # (B, H, N, D) each
         out, _ = self.attend(q, k, v, mask, False)
         with torch.no_grad():
-            fk = elu_feature_map(k)  # (B, H, N, D)
+            acc = accumulation_dtype(k.dtype)
+            fk = elu_feature_map(k.to(acc))  # (B, H, N, D)
             if mask is not None:
                 fk = fk * mask[:, None, :, None].to(fk.dtype)  # padded keys add nothing, as in step
-            kv = torch.einsum("bhnd,bhne->bhde", fk, v)  # (B, H, D, Dv)
+            kv = torch.einsum("bhnd,bhne->bhde", fk, v.to(acc))  # (B, H, D, Dv)
         return self._out(out), LinearState(kv, fk.sum(2))
 
     def step(
@@ -84,14 +86,14 @@ class LinearAttention(QKVAttention):
         self._check_decoding()
         x_t, mask_t = self._check_step(x_t, mask_t, state)
         self._check_step_rope(rope, x_t)  # takes none: refused by name
-        q, k, v = self._qkv_step(x_t)  # (B, H, 1, D) each
-        fq, fk = elu_feature_map(q[:, :, 0]), elu_feature_map(k[:, :, 0])  # (B, H, D)
+        q, k, v = (t[:, :, 0].to(state.kv.dtype) for t in self._qkv_step(x_t))  # (B, H, D) each, as the sums
+        fq, fk = elu_feature_map(q), elu_feature_map(k)  # (B, H, D)
         fk = fk * mask_t[:, None, None].to(fk.dtype)  # a padded key adds nothing
-        kv = state.kv + fk[..., :, None] * v[:, :, 0, None, :]  # (B, H, D, Dv)
+        kv = state.kv + fk[..., :, None] * v[:, :, None, :]  # (B, H, D, Dv)
         z = state.z + fk  # (B, H, D)
         num = torch.einsum("bhd,bhde->bhe", fq, kv)  # (B, H, Dv)
         den = (fq * z).sum(-1, keepdim=True)  # (B, H, 1)
-        out = (num / (den + self.eps))[:, :, None]  # (B, H, 1, Dv)
+        out = (num / (den + self.eps))[:, :, None].to(x_t.dtype)  # (B, H, 1, Dv)
         return self._out_step(out, mask_t), LinearState(kv, z)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, key_mask, need_weights: bool):

@@ -73,7 +73,7 @@ from ..functional.primal import (
 )
 from ..functional.primal_rotated import DEFAULT_THRESHOLDS, RotatedThresholds, primal_output_rotated, use_rotated
 from ..options import UnusedOptionWarning, check_bool, check_choice, check_int, check_number
-from .base import AttentionLayer
+from .base import AttentionLayer, accumulation_dtype
 from .capabilities import Capabilities
 from .registry import register_attention
 
@@ -578,11 +578,12 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
     def init_state(
         self, batch: int, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
     ) -> PrimalState:
-        """An empty decoding state for ``batch`` sequences (causal layers only)."""
+        """An empty decoding state for ``batch`` sequences (causal layers only); its sums are kept in ``dtype``
+        (default: float32 for a float16 / bfloat16 layer, as the forward's prefix sums)."""
         if not self.causal:
             raise RuntimeError("incremental decoding needs a causal primal layer (causal=True)")
         ref = self.qk.weight
-        fk = {"device": device or ref.device, "dtype": dtype or ref.dtype}
+        fk = {"device": device or ref.device, "dtype": dtype or accumulation_dtype(ref.dtype)}
         zeros = torch.zeros(batch, self.num_heads, self.head_dim, **fk)  # (B, H, p)
         return PrimalState(zeros, zeros.clone(), torch.zeros(batch, **fk))
 
@@ -602,13 +603,13 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         check_tokens(x, self.dim, "x")
         mask = check_mask(mask, x.shape[0], x.shape[1], x.device, "mask")
         with torch.no_grad():
-            B = x.shape[0]
+            B, acc = x.shape[0], accumulation_dtype(x.dtype)
             every = mask is None or self.padding == "reference"
-            take = x.new_ones(B, x.shape[1]) if every else mask.to(x.dtype)  # (B, N)
+            take = x.new_ones(B, x.shape[1], dtype=acc) if every else mask.to(acc)  # (B, N)
             count = take.sum(1)  # (B,)
-            qk = F.linear(torch.einsum("bn,bnc->bc", take, x), self.qk.weight)  # (B, C) -> (B, 2 H p)
+            qk = F.linear(torch.einsum("bn,bnc->bc", take, x.to(acc)), self.qk.weight.to(acc))  # (B, 2 H p)
             if self.qk.bias is not None:
-                qk = qk + count[:, None] * self.qk.bias
+                qk = qk + count[:, None] * self.qk.bias.to(acc)
             qk = qk.view(B, 2, self.num_heads, self.head_dim)  # (B, 2, H, p)
             return PrimalState(qk[:, 0].contiguous(), qk[:, 1].contiguous(), count)
 
@@ -632,20 +633,22 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         x_t, mask_t = self._check_step(x_t, mask_t, state)
         mask_t = mask_t if given is not None else None  # no mask: the unmasked update
         self._check_step_rope(rope, x_t)  # takes none: refused by name
-        B = x_t.shape[0]
-        qk = self.qk(x_t).view(B, 2, self.num_heads, self.head_dim)  # (B, 2, H, p)
+        B, acc = x_t.shape[0], state.sum_q.dtype  # the sums' dtype (float32 for a half layer): the step's
+        qk = self.qk(x_t).view(B, 2, self.num_heads, self.head_dim).to(acc)  # (B, 2, H, p)
         if mask_t is None or self.padding == "reference":
-            take = torch.ones(B, dtype=x_t.dtype, device=x_t.device)
+            take = torch.ones(B, dtype=acc, device=x_t.device)
         else:
-            take = mask_t.to(x_t.dtype)
+            take = mask_t.to(acc)
         sum_q = state.sum_q + qk[:, 0] * take[:, None, None]
         sum_k = state.sum_k + qk[:, 1] * take[:, None, None]
         count = state.count + take
         mean = torch.stack((sum_q, sum_k), 1) / count.clamp_min(1.0)[:, None, None, None]  # (B, 2, H, p)
         phi = cosine_feature_map(mean, self.eps)
-        scores = torch.einsum("bthp,htps->bhts", phi, torch.stack((self.w_e, self.w_r), 1))  # (B, H, 2, s)
-        out = self.concat(scores.reshape(B, self.num_heads, 2 * self.s))  # (B, H, p)
-        y = self.proj_drop(self.proj(out.reshape(B, self.inner_dim)))  # (B, C)
+        w = torch.stack((self.w_e, self.w_r), 1).to(acc)  # (H, 2, p, s)
+        scores = torch.einsum("bthp,htps->bhts", phi, w).reshape(B, self.num_heads, 2 * self.s)  # (B, H, 2s)
+        out = F.linear(scores, self.concat.weight.to(acc), self.concat.bias.to(acc))  # (B, H, p)
+        y = F.linear(out.reshape(B, self.inner_dim), self.proj.weight.to(acc), self.proj.bias.to(acc))  # (B, C)
+        y = self.proj_drop(y.to(x_t.dtype))
         if mask_t is not None:
             y = y.masked_fill(~mask_t[:, None], 0.0)
         return y, PrimalState(sum_q, sum_k, count)

@@ -167,7 +167,7 @@ class CausalLM(nn.Module):
     def init_state(self, batch: int) -> LMState:
         """An empty decoding state for ``batch`` sequences."""
         ref = self.embed.weight
-        layers = self.decoder.init_state(batch, device=ref.device, dtype=ref.dtype)
+        layers = self.decoder.init_state(batch, device=ref.device)  # each layer its dtype (float32 sums for half)
         return LMState(layers, torch.zeros(batch, dtype=torch.long, device=ref.device))
 
     def step(self, ids_t: Tensor, state: LMState, mask_t: Tensor | None = None) -> tuple[Tensor, LMState]:
