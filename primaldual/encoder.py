@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from .attention.registry import build_attention
 from .checks import check_finite, check_mask, check_tokens
-from .options import check_choice, check_number
+from .options import check_bool, check_choice, check_int, check_number
 
 __all__ = [
     "DropPath",
@@ -34,9 +34,7 @@ class DropPath(nn.Module):
 
     def __init__(self, p: float = 0.0) -> None:
         super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"drop_path must be in [0, 1), got {p}")
-        self.p = p
+        self.p = check_number("drop_path", p, low=0.0, high=1.0, high_open=True)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.p == 0.0 or not self.training:
@@ -116,6 +114,10 @@ class EncoderBlock(nn.Module):
         dtype=None,
     ) -> None:
         super().__init__()
+        check_int("ffn_dim", ffn_dim, low=1, allow_none=True)
+        check_number("dropout", dropout, low=0.0, high=1.0, high_open=True)
+        check_number("attn_drop", attn_drop, low=0.0, high=1.0, high_open=True)
+        check_bool("norm_first", norm_first)
         fk = {"device": device, "dtype": dtype}
         opts = dict(attention_options or {})
         opts.setdefault("causal", causal)
@@ -223,8 +225,10 @@ class Encoder(nn.Module):
         dtype=None,
     ) -> None:
         super().__init__()
-        if not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"depth must be a positive int, got {depth!r}")
+        check_int("depth", depth, low=1)
+        check_number("drop_path", drop_path, low=0.0, high=1.0, high_open=True)
+        if final_norm is not None:
+            check_bool("final_norm", final_norm)
         names = _per_layer(attention, depth, "attention")
         options = _per_layer(attention_options, depth, "attention_options")
         dpr = [drop_path * i / max(depth - 1, 1) for i in range(depth)]

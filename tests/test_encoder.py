@@ -37,3 +37,18 @@ def test_feed_forward_options_are_validated():
         FeedForward(8, 16, ffn_drop="0")
     with pytest.raises(ValueError, match="ffn_drop"):
         FeedForward(8, 16, ffn_drop=-0.1)
+
+
+def test_encoder_options_are_checked_never_coerced():
+    with pytest.raises(TypeError, match="norm_first must be a bool"):
+        pd.Encoder(16, 2, 2, norm_first="false")
+    with pytest.raises(TypeError, match="final_norm must be a bool"):
+        pd.Encoder(16, 2, 2, final_norm="false")
+    with pytest.raises(TypeError, match="dropout must be a number in \\[0, 1\\)"):
+        pd.Encoder(16, 2, 2, dropout="0.1")
+    with pytest.raises(TypeError, match="drop_path must be a number"):
+        pd.Encoder(16, 2, 2, drop_path="0.1")
+    with pytest.raises(ValueError, match="ffn_dim must be an int >= 1, got 0"):
+        pd.Encoder(16, 2, 2, ffn_dim=0)
+    with pytest.raises(TypeError, match="depth must be an int >= 1, got True"):
+        pd.Encoder(16, True, 2)

@@ -121,6 +121,7 @@ class HybridAttention(AuxLossMixin, SparseAttention):
             "eta": (eta, 0.1),
             "ksvd_reduction": (ksvd_reduction, "global"),
             "gate_init": (gate_init, 0.0),
+            "eps": (eps, 1e-12),
         }
         if not self.has_branch and (unused := [k for k, (v, d) in branch.items() if v != d]):
             raise ValueError(f"{unused[0]}: an option of the primal branch, which primal_branch=False drops")

@@ -233,7 +233,7 @@ def check_factors(factors: Sequence[int] | None, num_heads: int) -> list[int]:
         return factor_ladder(num_heads)
     if isinstance(factors, int) and not isinstance(factors, bool):
         factors = [factors] * num_heads
-    factors = list(factors)
+    factors = list(factors) if isinstance(factors, Sequence) and not isinstance(factors, str) else [factors]
     if len(factors) != num_heads or not all(isinstance(f, int) and not isinstance(f, bool) and f >= 1 for f in factors):
         raise ValueError(
             f"factors must be one int >= 1 or a sequence of num_heads ({num_heads}) ints >= 1 (downsampling "
@@ -258,7 +258,7 @@ def check_pool(pooling: str, grid: tuple[int, int] | None, num_cls: int, n: int 
     if not isinstance(num_cls, int) or num_cls < 0:
         raise ValueError(f"num_cls must be an int >= 0 (unpooled leading tokens), got {num_cls!r}")
     if grid is not None:
-        if len(tuple(grid)) != 2 or not all(isinstance(g, int) and g >= 1 for g in grid):
+        if len(tuple(grid)) != 2 or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 1 for g in grid):
             raise ValueError(f"grid must be None or a pair of ints >= 1 (patch-grid height, width), got {grid!r}")
         if n is not None and n != num_cls + grid[0] * grid[1]:
             raise ValueError(

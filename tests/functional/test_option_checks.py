@@ -34,3 +34,14 @@ def test_flags_are_bools_on_every_path(kernel, kw, option):
 def test_numbers_are_checked(kernel, kw, bad, message):
     with pytest.raises((TypeError, ValueError), match=message):
         kernel(Q, Q, Q, **kw, **bad)
+
+
+def test_pooling_and_branch_options_name_themselves():
+    import primaldual as pd
+
+    with pytest.raises(ValueError, match="factors must be one int >= 1 or a sequence"):
+        pd.build_attention("softmax_sh", 12, 3, factors=2.0)
+    with pytest.raises(ValueError, match="grid must be None or a pair of ints"):
+        pd.build_attention("softmax_sh", 12, 3, grid=(True, 4))
+    with pytest.raises(ValueError, match="eps: an option of the primal branch"):
+        pd.build_attention("hybrid", 12, 3, causal=True, primal_branch=False, eps=1e-6)
