@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention.base import AttentionLayer
-from ..integrations.torch_nn import attention_from_projections, resolve_layer_indices, with_original
+from ..integrations.torch_nn import attention_from_projections, keep_frozen, resolve_layer_indices, with_original
 from .external import Reader, call_model, check_stages, initialise_and_transfer
 from .students import check_student
 from .transfer import evaluating
@@ -128,7 +128,7 @@ def layer_from_module(
     out = _linear(module, proj, "proj")
     scale = getattr(module, "scale", None)
     scale = float(scale) if isinstance(scale, float) else None
-    return attention_from_projections(
+    layer = attention_from_projections(
         attention,
         num_heads=num_heads,
         q=q,
@@ -138,6 +138,7 @@ def layer_from_module(
         causal=causal,
         **with_original(attention, options, scale=scale),
     )
+    return keep_frozen(layer, [t for pair in (q, k, v) for t in pair], [out.weight, out.bias])
 
 
 def modules_attention_io(

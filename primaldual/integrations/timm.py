@@ -34,6 +34,7 @@ from .torch_nn import (
     accepts_attention_dropout,
     attention_from_projections,
     check_causal_capability,
+    keep_frozen,
     key_mask_from_attention_mask,
     resolve_layer_indices,
     with_original,
@@ -160,7 +161,7 @@ def layer_from_timm(old: nn.Module, attention: str, *, causal: bool = False, **o
     scale copied (primal keeps query, key and output)."""
     inner = old.qkv.out_features // 3
     w, b = old.qkv.weight, old.qkv.bias  # (3 inner, C), (3 inner,) or None
-    return attention_from_projections(
+    layer = attention_from_projections(
         attention,
         num_heads=old.num_heads,
         q=(w[:inner], None if b is None else b[:inner]),
@@ -176,6 +177,7 @@ def layer_from_timm(old: nn.Module, attention: str, *, causal: bool = False, **o
             scale=getattr(old, "scale", None),
         ),
     )
+    return keep_frozen(layer, [w, b], [old.proj.weight, old.proj.bias])
 
 
 def convert_vision_transformer(

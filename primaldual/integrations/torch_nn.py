@@ -48,6 +48,7 @@ __all__ = [
     "convert_transformer_decoder",
     "convert_transformer_encoder",
     "key_mask_from_attention_mask",
+    "keep_frozen",
     "key_mask_from_padding_mask",
     "resolve_layer_indices",
     "same_tensor",
@@ -404,6 +405,18 @@ def attention_from_projections(
     return layer
 
 
+def keep_frozen(layer: AttentionLayer, inputs: list[Tensor | None], outputs: list[Tensor | None]) -> AttentionLayer:
+    """Freeze the projections ``layer`` copied from a model's ``inputs`` (query / key / value weights and biases) or
+    ``outputs`` (the output map) where all of those were frozen (``requires_grad`` False): a model frozen before
+    its attention is swapped stays frozen where it was; the layer's own new parameters keep training."""
+    in_proj = layer.qk if isinstance(layer, PrimalAttention) else layer.qkv
+    for params, sources in ((list(in_proj.parameters()), inputs), (list(layer.proj.parameters()), outputs)):
+        if not any(t.requires_grad for t in sources if t is not None):
+            for p in params:
+                p.requires_grad_(False)
+    return layer
+
+
 # --------------------------------------------------------------------------------------------------
 # the nn.MultiheadAttention stand-in
 class MultiheadSelfAttention(nn.Module):
@@ -492,6 +505,7 @@ class MultiheadSelfAttention(nn.Module):
             causal=causal,
             **with_original(attention, options, attn_drop=mha.dropout),
         )
+        keep_frozen(layer, [w, b], [mha.out_proj.weight, mha.out_proj.bias])
         return cls(C, mha.num_heads, attention, batch_first=mha.batch_first, causal=causal, layer=layer)
 
     def forward(

@@ -221,6 +221,11 @@ def test_the_copy_and_the_teacher_keep_their_modes_and_trainable_flags():
     assert not any(m.training for m in model.modules())
     assert not model.embed.weight.requires_grad and model.head.weight.requires_grad
     assert model.encoder.layers[0].self_attn.attn.w_e.requires_grad
+    teacher.encoder.layers[1].self_attn.requires_grad_(False)  # a frozen attention's projections stay frozen
+    model, _ = convert_torch(teacher, "primal", "all", init="random", s=4, max_len=10)
+    frozen, trained = model.encoder.layers[1].self_attn.attn, model.encoder.layers[0].self_attn.attn
+    assert not any(p.requires_grad for p in (*frozen.qk.parameters(), *frozen.proj.parameters()))
+    assert frozen.w_e.requires_grad and trained.qk.weight.requires_grad and trained.proj.weight.requires_grad
     teacher.train()
     teacher.embed.eval()
     teacher.head = Folding(32, 3).double()
