@@ -91,7 +91,7 @@ def hf_attention_io(
     mask = kw.get("attention_mask")
     _, blocks = hf.find_blocks(teacher)
     seen: dict[int, tuple[Tensor, Tensor, Any]] = {}
-    normed: dict[int, Tensor] = {}  # the input of a post-norm module's residual norm, per layer
+    projected: dict[int, Tensor] = {}  # a post-norm module's attention output, before its residual and norm
     hooks = []
     for i in layers:
         site = hf.read_site(teacher, blocks[i], i)
@@ -103,19 +103,18 @@ def hf_attention_io(
             if rope is None and len(args) > 1 and isinstance(args[1], tuple):
                 rope = args[1]
             rope = rope if rotates else None  # a NoPE layer (SmolLM3) is handed the tables and leaves them unused
-            if i in normed:  # post-norm (BERT): the module returned norm(attention + x); the attention is the rest
-                y = normed.pop(i) - x
+            y = projected.pop(i, y)  # post-norm (BERT): the module returned norm(attention + x)
             seen[i] = (
                 x.detach().clone(),
                 y.detach().clone(),
                 None if rope is None else tuple(t.detach() for t in rope),
             )
 
-        def norm_input(mod: nn.Module, args: tuple, i: int = i) -> None:
-            normed[i] = args[0]
+        def output(mod: nn.Module, args: tuple, out: Tensor, i: int = i) -> None:
+            projected[i] = out  # read here, not as norm input - x: that difference loses half-precision digits
 
-        if site.norm is not None:
-            hooks.append(site.norm.register_forward_pre_hook(norm_input))
+        if site.out_module is not None:
+            hooks.append(site.out_module.register_forward_hook(output))
         hooks.append(site.module.register_forward_hook(hook, with_kwargs=True))
     try:
         with evaluating(teacher):

@@ -73,6 +73,9 @@ class Site:
         num_heads, causal, scale, attn_drop, proj_drop: the original's settings.
         layer_idx: its index in the model's cache (None for encoders).
         norm: the residual ``LayerNorm`` inside the replaced module (post-norm BERT), or None.
+        out_module: with ``norm``, the output projection whose result the residual is added to: the attention's
+            output that a conversion reads (taking the residual back out of the norm's input loses half-precision
+            digits).
         rope: the module receives rotary tables (``position_embeddings``) and applies them to q and k (Llama).
         qk_norm: the module's RMS norms on q and k, applied before the rotary tables (Qwen3, OLMo 2, Gemma 3).
         softcap: the cap on its logits, ``s -> softcap * tanh(s / softcap)`` (Gemma 2), or None.
@@ -96,6 +99,7 @@ class Site:
     qk_norm: QKNorm | None = None
     softcap: float | None = None
     decodes: bool = True
+    out_module: nn.Module | None = None
 
     @property
     def arg_names(self) -> tuple[str, ...]:
@@ -161,6 +165,7 @@ def _bert(block: nn.Module) -> Site:
         proj_drop=float(so.dropout.p),
         layer_idx=getattr(sa, "layer_idx", None),
         norm=so.LayerNorm,
+        out_module=so.dense,
     )
 
 
