@@ -207,7 +207,8 @@ class HybridAttention(AuxLossMixin, SparseAttention):
         if self.has_branch:
             if rope is not None:  # the branch sums the unrotated queries and keys
                 q, k, _ = (t.detach() for t in self._qkv(x))
-            sums = torch.einsum("bn,bhnd->bhd", take, torch.stack((q, k), 1).flatten(1, 2).to(acc))  # (B, 2H, D)
+            with torch.autocast(x.device.type, enabled=False):  # the sums in acc, autocast or not
+                sums = torch.einsum("bn,bhnd->bhd", take, torch.stack((q, k), 1).flatten(1, 2).to(acc))  # (B, 2H, D)
             sum_q, sum_k = sums.view(x.shape[0], 2, self.num_heads, -1).unbind(1)  # (B, H, D) each
             primal = PrimalState(sum_q.contiguous(), sum_k.contiguous(), take.sum(1))
         return self._out(win), HybridState(cache, primal)
@@ -234,9 +235,9 @@ class HybridAttention(AuxLossMixin, SparseAttention):
             phi = cosine_feature_map(mean, self.eps)
             w = torch.stack((self.w_e, self.w_r)).to(acc)  # (2, H, D, s)
             scores = torch.einsum("bthd,thds->bhts", phi, w)  # (B, H, 2, s)
-            branch = F.linear(scores.flatten(2), self.concat.weight.to(acc), self.concat.bias.to(acc))  # (B, H, D)
-            branch = self.gate.view(1, -1, 1).to(acc) * branch
-            out = out + branch.to(out.dtype)[:, :, None]  # (B, H, 1, D)
+            scores = scores.flatten(2).to(self.concat.weight.dtype)  # the map in the layer's dtype, as the forward
+            branch = F.linear(scores, self.concat.weight, self.concat.bias)  # (B, H, D)
+            out = out + (self.gate.view(1, -1, 1).to(out.dtype) * branch.to(out.dtype))[:, :, None]  # (B, H, 1, D)
             primal = PrimalState(sum_q, sum_k, count)
         return self._out_step(out, mask_t), HybridState(cache, primal)
 

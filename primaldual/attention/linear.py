@@ -71,8 +71,8 @@ class LinearAttention(QKVAttention):
         """The forward and the running sums of the prompt, from one projection (see :meth:`AttentionLayer.prefill`)."""
         q, k, v = self._qkv(x)  # (B, H, N, D) each
         out, _ = self.attend(q, k, v, mask, False)
-        with torch.no_grad():
-            acc = accumulation_dtype(k.dtype)
+        acc = accumulation_dtype(k.dtype)
+        with torch.no_grad(), torch.autocast(x.device.type, enabled=False):  # the sums in acc, autocast or not
             fk = elu_feature_map(k.to(acc))  # (B, H, N, D)
             if mask is not None:
                 fk = fk * mask[:, None, :, None].to(fk.dtype)  # padded keys add nothing, as in step

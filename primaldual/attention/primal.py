@@ -602,8 +602,9 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         self._check_decoding()
         check_tokens(x, self.dim, "x")
         mask = check_mask(mask, x.shape[0], x.shape[1], x.device, "mask")
-        with torch.no_grad():
-            B, acc = x.shape[0], accumulation_dtype(x.dtype)
+        acc = accumulation_dtype(torch.promote_types(x.dtype, self.qk.weight.dtype))  # float32 for a half layer
+        with torch.no_grad(), torch.autocast(x.device.type, enabled=False):  # in acc, autocast or not
+            B = x.shape[0]
             every = mask is None or self.padding == "reference"
             take = x.new_ones(B, x.shape[1], dtype=acc) if every else mask.to(acc)  # (B, N)
             count = take.sum(1)  # (B,)
@@ -646,9 +647,9 @@ class PrimalAttention(AuxLossMixin, AttentionLayer):
         phi = cosine_feature_map(mean, self.eps)
         w = torch.stack((self.w_e, self.w_r), 1).to(acc)  # (H, 2, p, s)
         scores = torch.einsum("bthp,htps->bhts", phi, w).reshape(B, self.num_heads, 2 * self.s)  # (B, H, 2s)
-        out = F.linear(scores, self.concat.weight.to(acc), self.concat.bias.to(acc))  # (B, H, p)
-        y = F.linear(out.reshape(B, self.inner_dim), self.proj.weight.to(acc), self.proj.bias.to(acc))  # (B, C)
-        y = self.proj_drop(y.to(x_t.dtype))
+        # the maps in the layer's dtype: decoding reads their weights once per token, and the error is the forward's
+        out = self.concat(scores.to(self.concat.weight.dtype))  # (B, H, p)
+        y = self.proj_drop(self.proj(out.reshape(B, self.inner_dim)))  # (B, C)
         if mask_t is not None:
             y = y.masked_fill(~mask_t[:, None], 0.0)
         return y, PrimalState(sum_q, sum_k, count)

@@ -180,5 +180,10 @@ def test_half_precision_decoding_sums_in_float32_as_the_forward(name, opts):
             ys.append(y)
     err = lambda a: float((a.double() - truth).norm() / truth.norm())  # noqa: E731
     assert err(torch.stack(ys, 1)) < 2 * err(full) + 1e-3
+    # under bfloat16 autocast a float32 layer's prefilled sums stay float32 as well
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        _, state = ref.float().prefill(x[:, :64].float())
+    sums = state.primal if name == "hybrid" else state
+    assert all(t.dtype == torch.float32 for t in sums)
     with pytest.raises(ValueError, match="dtype: attention 'softmax' keeps its decoding cache in the layer's dtype"):
         pd.build_attention("softmax", 32, 2, causal=True).init_state(1, dtype=torch.float64)
