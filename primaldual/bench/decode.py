@@ -55,7 +55,7 @@ def filled_state(model: Any, batch: int, context: int) -> Any:
             rank = torch.arange(context - keep, context, device=ref.device).repeat(batch, 1)  # (B, T kept)
             layers.append(KVCache.of(torch.randn(shape, **fk), torch.randn(shape, **fk), mask, rank, context))
         elif isinstance(empty, PrimalState):
-            count = torch.full((batch,), float(context), **fk)
+            count = torch.full_like(empty.count, float(context))  # the state's own dtype (float32 sums for half)
             layers.append(PrimalState(torch.randn_like(empty.sum_q), torch.randn_like(empty.sum_k), count))
         elif isinstance(empty, LinearState):
             layers.append(LinearState(torch.rand_like(empty.kv) * context, torch.rand_like(empty.z) * context))

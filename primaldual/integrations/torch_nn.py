@@ -65,12 +65,15 @@ _WHENCE = {  # what of the model a reserved option comes from, where the name do
 
 def same_tensor(a: object, b: Tensor) -> bool:
     """Whether ``a`` is ``b``, or a view of the same elements in the same layout (``x.transpose(0, 1)`` taken three
-    times for query, key and value): self-attention, told apart without reading a value (no host sync)."""
+    times for query, key and value): self-attention, told apart without reading a value (no host sync). Inside a
+    ``torch.compile`` graph only ``a is b`` counts: the data pointer does not trace, and views of one base at other
+    offsets (``x[1:]`` beside ``x[:-1]``) must not pass for self-attention."""
     if a is b:
         return True
+    if not isinstance(a, Tensor) or torch.compiler.is_compiling():
+        return False
     return (
-        isinstance(a, Tensor)
-        and a.data_ptr() == b.data_ptr()
+        a.data_ptr() == b.data_ptr()
         and a.shape == b.shape
         and a.stride() == b.stride()
         and a.dtype == b.dtype
@@ -537,8 +540,8 @@ class MultiheadSelfAttention(nn.Module):
         """
         if not same_tensor(key, query) or not same_tensor(value, query):
             raise ValueError(
-                "MultiheadSelfAttention is self-attention: key and value must be the query tensor itself, or the "
-                "same view of it (keep nn.MultiheadAttention for cross-attention)"
+                "MultiheadSelfAttention is self-attention: key and value must be the query tensor itself, or (not "
+                "under torch.compile) the same view of it (keep nn.MultiheadAttention for cross-attention)"
             )
         unbatched = query.dim() == 2
         x = query[None] if unbatched else (query if self.batch_first else query.transpose(0, 1))  # (B, N, C)
