@@ -203,6 +203,15 @@ def test_state_dict_round_trip():
         assert torch.equal(a(ids).logits, b(ids).logits)
 
 
+def test_an_attention_frozen_whole_stays_frozen_where_its_weights_are_copied():
+    model = tiny("gpt2")
+    model.transformer.h[0].attn.requires_grad_(False)
+    hf.convert(model, "primal", "all", s=4)
+    frozen, trained = (model.transformer.h[i].attn.attn for i in (0, 1))
+    assert not any(p.requires_grad for p in (*frozen.qk.parameters(), *frozen.proj.parameters()))
+    assert frozen.w_e.requires_grad and trained.qk.weight.requires_grad
+
+
 @pytest.mark.parametrize(
     "name,mech,opts",  # ViT's checkpoints use other key names than its modules: transformers renames them
     [

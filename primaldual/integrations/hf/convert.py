@@ -24,7 +24,13 @@ from typing import Any
 from torch import nn
 
 from ...attention.registry import attention_options
-from ..torch_nn import attention_from_projections, check_causal_capability, resolve_layer_indices, with_original
+from ..torch_nn import (
+    attention_from_projections,
+    check_causal_capability,
+    keep_frozen,
+    resolve_layer_indices,
+    with_original,
+)
 from .architectures import find_blocks, read_site
 from .compat import (
     concrete_model_class,
@@ -115,6 +121,8 @@ def convert(
             softcap=site.softcap if takes_cap else None,
             **own,
         )
+        frozen = list(site.module.parameters())  # a module frozen whole leaves the copied projections frozen
+        keep_frozen(layer, frozen, frozen)
         layer.train(site.module.training)
         new.append(
             HFSelfAttention(
