@@ -45,15 +45,22 @@ class ModuleAttention(nn.Module):
         self.attn = layer
 
     def forward(self, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-        if args or kwargs:
+        if _given(args, kwargs):
             raise TypeError(
-                f"{type(self).__name__} takes the tokens alone (attn(x)), as the module it replaced was called when "
-                f"it was converted; got {len(args)} more positional and keyword(s) {sorted(kwargs)}"
+                f"{type(self).__name__} takes the tokens alone (attn(x); other arguments None, such as "
+                f"attn_mask=None), as the module it replaced was called when it was converted; got "
+                f"{_given(args, kwargs)}"
             )
         return self.attn(x)
 
     def extra_repr(self) -> str:
         return f"causal={self.attn.causal}"
+
+
+def _given(args: tuple, kwargs: dict) -> str:
+    """The arguments beside the tokens that carry something (not None), as a message names them, or ''."""
+    named = [f"argument {i + 2}" for i, a in enumerate(args) if a is not None]
+    return ", ".join(named + [f"{k}=..." for k, v in kwargs.items() if v is not None])
 
 
 def find_modules(model: nn.Module, modules: str) -> list[str]:
@@ -155,11 +162,11 @@ def modules_attention_io(
                 raise ValueError(
                     f"layer {i} ({paths[i]}) ran twice in one forward: the transfer reads one call per layer"
                 )
-            if len(args) != 1 or kwargs or not isinstance(args[0], Tensor) or args[0].dim() != 3:
+            if not args or _given(args[1:], kwargs) or not isinstance(args[0], Tensor) or args[0].dim() != 3:
                 raise ValueError(
-                    f"layer {i} ({paths[i]}) was called with {len(args)} positional argument(s) and keyword(s) "
-                    f"{sorted(kwargs)}: convert_modules converts attention modules called on the tokens alone, "
-                    "attn(x) with x (B, N, C)"
+                    f"layer {i} ({paths[i]}) was called with {_given(args[1:], kwargs) or 'no tokens'} beside its "
+                    "tokens: convert_modules converts attention modules called on the tokens alone, attn(x) with x "
+                    "(B, N, C) (other arguments None, such as attn_mask=None)"
                 )
             if not isinstance(out, Tensor) or out.shape != args[0].shape:
                 raise ValueError(

@@ -330,7 +330,8 @@ def attention_from_projections(
     """Build attention ``name`` and copy a model's projections into it.
 
     Args:
-        q, k, v: ``(weight (inner, C), bias (inner,) or None)`` in ``nn.Linear`` layout.
+        q, k, v: ``(weight (inner, C), bias (inner,) or None)`` in ``nn.Linear`` layout (a missing bias beside
+            present ones is zeros).
         out: ``(weight (C, inner), bias (C,) or None)``; a missing bias becomes zeros.
         causal: the layer's mode. attn_drop: attention dropout (dropped for mechanisms that have no weight
             matrix, see :func:`accepts_attention_dropout`). proj_drop: dropout after the output projection.
@@ -345,6 +346,10 @@ def attention_from_projections(
         The layer on the weights' device and dtype. Primal keeps query, key and output (it has no values).
     """
     _check_reserved(options)
+    if any(b is not None for _, b in (q, k, v)):  # some biased, some not (Whisper's key): the others' are zeros
+        q, k, v = (
+            (w, torch.zeros(w.shape[0], dtype=w.dtype, device=w.device) if b is None else b) for w, b in (q, k, v)
+        )
     q_w, q_b = q
     out_w, out_b = out
     dim, inner = out_w.shape[0], q_w.shape[0]

@@ -203,16 +203,18 @@ def test_bad_arguments_and_calls_are_named():
     with pytest.raises(ValueError, match="student 'hybrid' is causal only"):
         convert_modules(Encoder(), "hybrid", **LUCID)
     model, _ = convert_modules(teacher, init="random", s=8, **NANO)
+    x = torch.randn(1, 4, 32, dtype=torch.float64)
     with pytest.raises(TypeError, match="takes the tokens alone"):
-        model.transformer.h[2].attn(torch.randn(1, 4, 32, dtype=torch.float64), None)
+        model.transformer.h[2].attn(x, x[..., 0] > 0)
+    torch.testing.assert_close(model.transformer.h[2].attn(x, attn_mask=None), model.transformer.h[2].attn(x))
     with pytest.raises(ValueError, match=r"layer 2 \(transformer.h.2.attn\) is already converted"):
         convert_modules(model, init="random", s=8, **NANO)
     called = Encoder().double()
     masked = Masked(24, 4, 8).double()
     masked.load_state_dict(called.layers[1].attn.state_dict())
     called.layers[1].attn = masked
-    called.layers[1].forward = lambda x, layer=called.layers[1]: x + layer.attn(layer.ln_1(x), None)
-    with pytest.raises(ValueError, match=r"layer 1 \(layers.1.attn\) was called with 2 positional argument"):
+    called.layers[1].forward = lambda x, layer=called.layers[1]: x + layer.attn(layer.ln_1(x), x[..., 0] > 0)
+    with pytest.raises(ValueError, match=r"layer 1 \(layers.1.attn\) was called with argument 2 beside its tokens"):
         convert_modules(
             called,
             "primal",
@@ -229,3 +231,26 @@ class Masked(Attention):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         return super().forward(x)
+
+
+class WhisperLike(Attention):
+    """Three projections, the key's without a bias (Whisper's layout), called with ``attn_mask=None``."""
+
+    def __init__(self, dim: int, heads: int, head_dim: int) -> None:
+        super().__init__(dim, heads, head_dim)
+        inner = heads * head_dim
+        self.to_q, self.to_v = nn.Linear(dim, inner), nn.Linear(dim, inner)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return super().forward(x)
+
+
+def test_a_key_without_a_bias_and_a_mask_given_as_none_convert():
+    torch.manual_seed(0)
+    teacher = Encoder().double()
+    for layer in teacher.layers:
+        layer.attn = WhisperLike(24, 4, 8).double()
+        layer.forward = lambda x, layer=layer: x + layer.attn(layer.ln_1(x), attn_mask=None)
+    x = torch.randn(32, 9, 5, dtype=torch.float64)
+    model, report = convert_modules(teacher, "primal", "all", batches=[x], s=6, data_dependent=False, **LUCID)
+    assert all(report["init"][i]["rebuild_error"] < 1e-12 for i in (0, 1))
