@@ -262,7 +262,9 @@ class Encoder(nn.Module):
     def init_state(
         self, batch: int, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
     ) -> list[Any]:
-        """Per-layer decoding states for ``batch`` sequences (every layer must be causal)."""
+        """Per-layer decoding states for ``batch`` sequences (every layer must be causal). ``dtype`` None lets each
+        layer choose: a KV / window / prefix cache in the layer's dtype (another is refused), a constant-size state's
+        sums in float32 for a float16 / bfloat16 layer; given, it sets the sums' dtype too."""
         return [b.attn.init_state(batch, device=device, dtype=dtype) for b in self.blocks]
 
     def prefill(self, x: Tensor, mask: Tensor | None = None) -> tuple[Tensor, list[Any]]:
