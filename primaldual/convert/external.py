@@ -58,6 +58,14 @@ def check_batches(batches: Any) -> None:
     if batches is None:
         raise ValueError("batches: needed for the teacher initialisation and for stage 1")
     one = isinstance(batches, tuple) and any(isinstance(b, Tensor) for b in batches)  # (x, padding): one batch
+    # [x, padding] written for [(x, padding)]: tensors as items, a bool one after one that is not
+    tensors = [b for b in batches if isinstance(b, Tensor)] if isinstance(batches, list) else []
+    one = one or (
+        isinstance(batches, list)
+        and len(tensors) == len(batches) > 1
+        and tensors[0].dtype != torch.bool
+        and any(t.dtype == torch.bool for t in tensors[1:])
+    )
     if one or isinstance(batches, Tensor | Mapping) or not isinstance(batches, Iterable):
         raise TypeError(
             f"batches: an iterable of batches (a list, a generator, a data loader), got {type(batches).__name__}; "

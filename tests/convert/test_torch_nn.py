@@ -349,3 +349,9 @@ def test_self_attention_called_on_views_of_one_tensor_converts():
                                   s=4, max_len=10)  # fmt: skip
     assert report["init"][0]["rebuild_error"] < 1e-12
     assert model(torch.randn(2, 10, 16, dtype=torch.float64)).shape == (2, 10, 16)
+
+
+def test_one_batch_written_as_a_list_is_named():
+    x, padding = _batch(1, B=16)
+    with pytest.raises(TypeError, match=r"wrap a single batch as \[batch\]"):
+        convert_torch(_net(), "primal", -1, batches=[x, padding], s=4, max_len=10)
