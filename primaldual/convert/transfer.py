@@ -166,7 +166,9 @@ def attention_transfer(
     params = [p for layer in students for p in new_parameters(layer)]
     if not params:
         raise ValueError("the converted layers have no new parameters to train (the window-only student)")
-    # stage 1 trains the new parameters alone, in training mode; the model's own flags and modes come back after
+    # stage 1 trains the new parameters alone, the students in eval mode: their targets were recorded without
+    # dropout, and a layer's mode switches nothing else (its KSVD term is recorded wherever gradients are on); the
+    # model's own flags and modes come back after
     trainable = [(p, p.requires_grad) for p in student.parameters()]
     modes = [(m, m.training) for layer in students for m in layer.modules()]
     for p in student.parameters():
@@ -175,7 +177,7 @@ def attention_transfer(
         p.requires_grad_(True)
     opt = optimizer or torch.optim.Adam(params, lr=lr)
     for layer in students:
-        layer.train()
+        layer.eval()
     it: Iterator = iter(batches)
     try:
         while state.step < steps:

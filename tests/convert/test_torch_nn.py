@@ -355,3 +355,14 @@ def test_one_batch_written_as_a_list_is_named():
     x, padding = _batch(1, B=16)
     with pytest.raises(TypeError, match=r"wrap a single batch as \[batch\]"):
         convert_torch(_net(), "primal", -1, batches=[x, padding], s=4, max_len=10)
+
+
+def test_stage_1_trains_the_students_without_their_dropout():
+    """The targets are recorded without dropout: a hybrid whose window covers the sequence (the teacher exactly) and
+    whose teacher attention had dropout 0.1 keeps a stage-1 error of 0."""
+    teacher = _net(causal=True)
+    batches = [_batch(10, B=16)] + [_batch(11 + i) for i in range(3)]
+    model, report = convert_torch(teacher, "hybrid", "all", causal=True, batches=batches, steps=3, log_every=1,
+                                  window=10, sinks=0, s=4)  # fmt: skip
+    assert model.encoder.layers[0].self_attn.attn.attn_drop == 0.1
+    assert all(row["loss"] < 1e-12 for row in report["history"]), report["history"]
