@@ -447,7 +447,9 @@ class MultiheadSelfAttention(nn.Module):
         layer: an already built primaldual attention to wrap instead (what :meth:`from_torch` passes).
 
     Attributes read by ``nn.TransformerEncoderLayer``: ``batch_first``, ``num_heads``, ``_qkv_same_embed_dim``
-    (True) and ``in_proj_bias`` (None, which turns the fused fast path off; ``in_proj_weight`` is None too).
+    (True) and ``in_proj_bias`` (None, which turns the fused fast path off; ``in_proj_weight`` is None too); also
+    ``embed_dim``, ``kdim``, ``vdim``, ``dropout``, ``bias_k`` / ``bias_v`` (None), ``add_zero_attn`` (False) and
+    ``out_proj`` (the layer's output projection), as ``nn.MultiheadAttention`` has them.
     """
 
     def __init__(
@@ -488,6 +490,16 @@ class MultiheadSelfAttention(nn.Module):
         self._qkv_same_embed_dim = True
         self.in_proj_weight = None
         self.in_proj_bias = None
+        # the rest of nn.MultiheadAttention's public attributes, as code around one reads them
+        self.kdim = self.vdim = embed_dim
+        self.dropout = float(layer.attn_drop)
+        self.bias_k = self.bias_v = None
+        self.add_zero_attn = False
+
+    @property
+    def out_proj(self) -> nn.Linear:
+        """The output projection (``nn.MultiheadAttention``'s name for it): the layer's ``proj``."""
+        return self.attn.proj
 
     @classmethod
     def from_torch(

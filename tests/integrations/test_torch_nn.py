@@ -75,6 +75,9 @@ def test_stand_in_inside_a_decoder_layer_and_primal_aux_loss():
     # nn.MultiheadAttention's default need_weights=True: primal's kernel matrix is no attention weights, not formed
     y, w = MultiheadSelfAttention(32, 4, "primal", batch_first=True, s=4)(x, x, x, key_padding_mask=pad)
     assert w is None and y.shape == x.shape
+    attn = MultiheadSelfAttention(32, 4, "softmax", batch_first=True, dropout=0.1)
+    assert (attn.kdim, attn.vdim, attn.dropout, attn.bias_k, attn.add_zero_attn) == (32, 32, 0.1, None, False)
+    assert attn.out_proj is attn.attn.proj and "out_proj.weight" not in attn.state_dict()
 
 
 def test_mask_conventions_are_converted_not_guessed():
