@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from ..attention.base import AttentionLayer
 from .init import init_from_teacher, rebuild_error
 from .students import new_parameters
-from .transfer import TransferState, attention_transfer
+from .transfer import TransferState, attention_transfer, evaluating
 
 __all__ = [
     "CHECKPOINT_KEYS",
@@ -33,6 +33,7 @@ __all__ = [
     "check_rebuilt",
     "check_stages",
     "initialise_and_transfer",
+    "record_calls",
 ]
 
 #: the ``init`` choices of a conversion
@@ -106,6 +107,40 @@ def call_model(model: nn.Module, batch: Any) -> Any:
         f"batches: each batch is what the model is called with (a tensor, a tuple of positional arguments or a "
         f"mapping of keyword arguments), got {type(batch).__name__}"
     )
+
+
+def record_calls(
+    teacher: nn.Module,
+    batch: Any,
+    modules: Mapping[int, nn.Module],
+    read: Callable[[int, nn.Module, tuple, dict, Any], Any],
+    label: Callable[[int], str],
+    plural: str = "layers",
+) -> list[Any]:
+    """One forward of ``teacher`` on ``batch`` (:func:`call_model`) in eval mode without gradients, each call of
+    ``modules`` (layer index -> module) read by ``read(i, module, args, kwargs, out)``; the reads in the order of
+    ``modules``. A module called twice, or not at all, is an error that ``label(i)`` names."""
+    seen: dict[int, Any] = {}
+
+    def hook_for(i: int) -> Callable[..., None]:
+        def hook(mod: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+            if i in seen:
+                raise ValueError(f"{label(i)} ran twice in one forward: the transfer reads one call per layer")
+            seen[i] = read(i, mod, args, kwargs, out)
+
+        return hook
+
+    hooks = [m.register_forward_hook(hook_for(i), with_kwargs=True) for i, m in modules.items()]
+    try:
+        with torch.no_grad(), evaluating(teacher):
+            call_model(teacher, batch)
+    finally:
+        for h in hooks:
+            h.remove()
+    missing = [i for i in modules if i not in seen]
+    if missing:
+        raise ValueError(f"{plural} {missing} did not run in the teacher's forward on this batch")
+    return [seen[i] for i in modules]
 
 
 #: ``io(teacher, inputs, mask, layers)``: per layer ``(x (B, N, C), y (B, N, C), rope or None, key_mask or None)``

@@ -21,14 +21,12 @@ import fnmatch
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from ..attention.base import AttentionLayer
 from ..integrations.torch_nn import attention_from_projections, keep_frozen, resolve_layer_indices, with_original
-from .external import Reader, call_model, check_stages, initialise_and_transfer
+from .external import Reader, check_stages, initialise_and_transfer, record_calls
 from .students import check_student
-from .transfer import evaluating
 
 __all__ = ["HEAD_ATTRIBUTES", "ModuleAttention", "convert_modules", "find_modules", "layer_from_module"]
 
@@ -153,38 +151,20 @@ def modules_attention_io(
 ) -> list[tuple[Tensor, Tensor]]:
     """Each of ``layers``' (indices into ``paths``) input ``x`` and output ``y``, both ``(B, N, C)``, from one forward
     of ``teacher`` on ``batch`` in eval mode, without gradients."""
-    seen: dict[int, tuple[Tensor, Tensor]] = {}
-    hooks = []
-    for i in layers:
 
-        def hook(mod: nn.Module, args: tuple, kwargs: dict, out: Any, i: int = i) -> None:
-            if i in seen:
-                raise ValueError(
-                    f"layer {i} ({paths[i]}) ran twice in one forward: the transfer reads one call per layer"
-                )
-            if not args or _given(args[1:], kwargs) or not isinstance(args[0], Tensor) or args[0].dim() != 3:
-                raise ValueError(
-                    f"layer {i} ({paths[i]}) was called with {_given(args[1:], kwargs) or 'no tokens'} beside its "
-                    "tokens: convert_modules converts attention modules called on the tokens alone, attn(x) with x "
-                    "(B, N, C) (other arguments None, such as attn_mask=None)"
-                )
-            if not isinstance(out, Tensor) or out.shape != args[0].shape:
-                raise ValueError(
-                    f"layer {i} ({paths[i]}) returned {type(out).__name__}, not tokens of its input's shape"
-                )
-            seen[i] = (args[0].detach().clone(), out.detach().clone())  # copies: the model may change them in place
+    def read(i: int, mod: nn.Module, args: tuple, kwargs: dict, out: Any) -> tuple[Tensor, Tensor]:
+        if not args or _given(args[1:], kwargs) or not isinstance(args[0], Tensor) or args[0].dim() != 3:
+            raise ValueError(
+                f"layer {i} ({paths[i]}) was called with {_given(args[1:], kwargs) or 'no tokens'} beside its "
+                "tokens: convert_modules converts attention modules called on the tokens alone, attn(x) with x "
+                "(B, N, C) (other arguments None, such as attn_mask=None)"
+            )
+        if not isinstance(out, Tensor) or out.shape != args[0].shape:
+            raise ValueError(f"layer {i} ({paths[i]}) returned {type(out).__name__}, not tokens of its input's shape")
+        return args[0].detach().clone(), out.detach().clone()  # copies: the model may change them in place
 
-        hooks.append(teacher.get_submodule(paths[i]).register_forward_hook(hook, with_kwargs=True))
-    try:
-        with torch.no_grad(), evaluating(teacher):
-            call_model(teacher, batch)
-    finally:
-        for h in hooks:
-            h.remove()
-    missing = [i for i in layers if i not in seen]
-    if missing:
-        raise ValueError(f"layers {missing} did not run in the teacher's forward on this batch")
-    return [seen[i] for i in layers]
+    modules = {i: teacher.get_submodule(paths[i]) for i in layers}
+    return record_calls(teacher, batch, modules, read, lambda i: f"layer {i} ({paths[i]})")
 
 
 def _reader(paths: Sequence[str], layout: dict[str, Any], causal: bool) -> Reader:

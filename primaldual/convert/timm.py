@@ -22,9 +22,8 @@ from torch import Tensor, nn
 from ..attention.base import AttentionLayer
 from ..integrations.timm import convert_vision_transformer, layer_from_timm
 from ..integrations.torch_nn import key_mask_from_attention_mask, resolve_layer_indices
-from .external import Reader, call_model, check_stages, initialise_and_transfer
+from .external import Reader, check_stages, initialise_and_transfer, record_calls
 from .students import check_student
-from .transfer import evaluating
 
 __all__ = ["convert_timm", "timm_attention_io"]
 
@@ -44,33 +43,19 @@ def timm_attention_io(
     padded tokens) and key mask ``(B, N)`` bool (True = real token, or None), from one forward of ``teacher`` on
     ``batch`` (images ``(B, 3, H, W)``, or a tuple / mapping of its arguments) in eval mode."""
     blocks = _blocks(teacher)
-    seen: dict[int, tuple[Tensor, Tensor, Tensor | None]] = {}
-    hooks = []
-    for i in layers:
 
-        def hook(mod: nn.Module, args: tuple, kwargs: dict, out: Tensor, i: int = i) -> None:
-            if i in seen:
-                raise ValueError(f"block {i} ran twice in one forward: the transfer reads one call per layer")
-            x = args[0] if args else kwargs["x"]
-            if (len(args) > 2 and args[2]) or kwargs.get("is_causal"):
-                raise ValueError(f"block {i} was called causal: a timm model converts into non-causal layers")
-            B, N, _ = x.shape
-            mask = args[1] if len(args) > 1 else kwargs.get("attn_mask")
-            key = key_mask_from_attention_mask(mask, batch=B, q_len=N, kv_len=N, causal=False, name="attn_mask")
-            y = out if key is None else out.masked_fill(~key[..., None], 0.0)  # students output zeros there
-            seen[i] = (x.detach().clone(), y.detach().clone(), key)  # copies: the model may add to them in place
+    def read(i: int, mod: nn.Module, args: tuple, kwargs: dict, out: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        x = args[0] if args else kwargs["x"]
+        if (len(args) > 2 and args[2]) or kwargs.get("is_causal"):
+            raise ValueError(f"block {i} was called causal: a timm model converts into non-causal layers")
+        B, N, _ = x.shape
+        mask = args[1] if len(args) > 1 else kwargs.get("attn_mask")
+        key = key_mask_from_attention_mask(mask, batch=B, q_len=N, kv_len=N, causal=False, name="attn_mask")
+        y = out if key is None else out.masked_fill(~key[..., None], 0.0)  # students output zeros there
+        return x.detach().clone(), y.detach().clone(), key  # copies: the model may add to them in place
 
-        hooks.append(blocks[i].attn.register_forward_hook(hook, with_kwargs=True))
-    try:
-        with evaluating(teacher):
-            call_model(teacher, batch)
-    finally:
-        for h in hooks:
-            h.remove()
-    missing = [i for i in layers if i not in seen]
-    if missing:
-        raise ValueError(f"blocks {missing} did not run in the teacher's forward on this batch")
-    return [seen[i] for i in layers]
+    modules = {i: blocks[i].attn for i in layers}
+    return record_calls(teacher, batch, modules, read, lambda i: f"block {i}", plural="blocks")
 
 
 def _io(teacher: nn.Module, batch: Any, _: Tensor | None, layers: Sequence[int]) -> list[tuple]:

@@ -29,9 +29,8 @@ from ..integrations.torch_nn import (
     resolve_layer_indices,
     same_tensor,
 )
-from .external import Reader, call_model, check_stages, initialise_and_transfer
+from .external import Reader, check_stages, initialise_and_transfer, record_calls
 from .students import check_student
-from .transfer import evaluating
 
 __all__ = ["convert_torch", "find_attention", "torch_attention_io"]
 
@@ -94,55 +93,45 @@ def torch_attention_io(
     ``layers`` (indices into :func:`find_attention`'s list), from one forward of ``teacher`` on ``batch`` in eval
     mode (see :func:`convert_torch` for ``batch``)."""
     paths, _ = find_attention(teacher, stack)
-    seen: dict[int, tuple[Tensor, Tensor, Tensor | None, bool]] = {}
-    hooks = []
+    modules = {}
     for i in layers:
         mha = teacher.get_submodule(paths[i])
         if not isinstance(mha, nn.MultiheadAttention):
             raise TypeError(f"layers: layer {i} ({paths[i]}) is a {type(mha).__name__}, not an nn.MultiheadAttention")
+        modules[i] = mha
 
-        def hook(mod: nn.MultiheadAttention, args: tuple, kwargs: dict, out: Any, i: int = i) -> None:
-            if i in seen:
-                raise ValueError(f"layer {i} ran twice in one forward: the transfer reads one call per layer")
-            q = _argument(args, kwargs, 0, "query")
-            if not same_tensor(_argument(args, kwargs, 1, "key"), q) or not same_tensor(
-                _argument(args, kwargs, 2, "value"), q
-            ):
-                raise ValueError(
-                    f"layer {i} ({paths[i]}) was called with keys or values other than its queries: not "
-                    "self-attention (name the module holding the self-attention layers with stack='...')"
-                )
-            unbatched = q.dim() == 2
-            x = q[None] if unbatched else (q if mod.batch_first else q.transpose(0, 1))  # (B, N, C)
-            y = out[0][None] if unbatched else (out[0] if mod.batch_first else out[0].transpose(0, 1))  # (B, N, C)
-            B, N, _ = x.shape
-            padding = _argument(args, kwargs, 3, "key_padding_mask")
-            if unbatched and padding is not None:
-                padding = padding[None]  # (N,) -> (1, N)
-            key = key_mask_from_padding_mask(padding, B, N)
-            attn_mask, is_causal = (
-                _argument(args, kwargs, 5, "attn_mask"),
-                _argument(args, kwargs, 7, "is_causal", False),
+    def read(i: int, mod: nn.MultiheadAttention, args: tuple, kwargs: dict, out: Any) -> tuple:
+        q = _argument(args, kwargs, 0, "query")
+        if not same_tensor(_argument(args, kwargs, 1, "key"), q) or not same_tensor(
+            _argument(args, kwargs, 2, "value"), q
+        ):
+            raise ValueError(
+                f"layer {i} ({paths[i]}) was called with keys or values other than its queries: not "
+                "self-attention (name the module holding the self-attention layers with stack='...')"
             )
-            causal = call_is_causal(attn_mask, is_causal, N)
-            if key is not None:
-                y = y.masked_fill(~key[..., None], 0.0)  # the students' outputs are zero at padded tokens
-            seen[i] = (x.detach().clone(), y.detach().clone(), key, causal)  # copies: in-place code may change them
+        unbatched = q.dim() == 2
+        x = q[None] if unbatched else (q if mod.batch_first else q.transpose(0, 1))  # (B, N, C)
+        y = out[0][None] if unbatched else (out[0] if mod.batch_first else out[0].transpose(0, 1))  # (B, N, C)
+        B, N, _ = x.shape
+        padding = _argument(args, kwargs, 3, "key_padding_mask")
+        if unbatched and padding is not None:
+            padding = padding[None]  # (N,) -> (1, N)
+        key = key_mask_from_padding_mask(padding, B, N)
+        attn_mask, is_causal = (
+            _argument(args, kwargs, 5, "attn_mask"),
+            _argument(args, kwargs, 7, "is_causal", False),
+        )
+        causal = call_is_causal(attn_mask, is_causal, N)
+        if key is not None:
+            y = y.masked_fill(~key[..., None], 0.0)  # the students' outputs are zero at padded tokens
+        return x.detach().clone(), y.detach().clone(), key, causal  # copies: in-place code may change them
 
-        hooks.append(mha.register_forward_hook(hook, with_kwargs=True))
     fast = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)  # the fused encoder layer would not call self_attn
     try:
-        with evaluating(teacher):
-            call_model(teacher, batch)
+        return record_calls(teacher, batch, modules, read, lambda i: f"layer {i}")
     finally:
         torch.backends.mha.set_fastpath_enabled(fast)
-        for h in hooks:
-            h.remove()
-    missing = [i for i in layers if i not in seen]
-    if missing:
-        raise ValueError(f"layers {missing} did not run in the teacher's forward on this batch")
-    return [seen[i] for i in layers]
 
 
 def _reader(stack: str | None, causal: bool) -> Reader:
