@@ -243,4 +243,5 @@ class HybridAttention(AuxLossMixin, SparseAttention):
 
     def extra_repr(self) -> str:
         branch = f"s={self.s}, eta={self.aux_loss_weight}" if self.has_branch else "primal_branch=False"
-        return f"{AttentionLayer.extra_repr(self)}, window={self.keys_in_window}, sinks={self.sinks}, {branch}"
+        cap = "" if self.softcap is None else f", softcap={self.softcap}"
+        return f"{AttentionLayer.extra_repr(self)}, window={self.keys_in_window}, sinks={self.sinks}, {branch}{cap}"

@@ -35,6 +35,8 @@ class SparseAttention(QKVAttention):
             (default 0). With a mask, the window and the stride count real tokens too, so the output at a real
             token does not depend on the padding around it.
         scale: logit scale (default ``1 / sqrt(head_dim)``).
+        softcap: None, or a cap ``c > 0`` on the scaled logits, ``s -> c * tanh(s / c)`` (Gemma 2's sliding-window
+            layers).
     """
 
     def __init__(
@@ -46,6 +48,7 @@ class SparseAttention(QKVAttention):
         stride: int = 0,
         num_global: int = 0,
         scale: float | None = None,
+        softcap: float | None = None,
         **kw,
     ) -> None:
         super().__init__(dim, num_heads, **kw)
@@ -54,6 +57,10 @@ class SparseAttention(QKVAttention):
         check_pattern(window, stride, num_global)
         self.window, self.stride, self.num_global = window, stride, num_global
         self.scale = check_number("scale", scale, allow_none=True)
+        self.softcap = check_number("softcap", softcap, low=0, low_open=True, allow_none=True)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (f", softcap={self.softcap}" if self.softcap is not None else "")
 
     def init_state(
         self, batch: int, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
@@ -100,7 +107,13 @@ class SparseAttention(QKVAttention):
         if self.num_global > 0:
             allowed |= (cache.rank < self.num_global) | (rq < self.num_global)
         out, _ = softmax_attention(
-            q, cache.k, cache.v, key_mask=cache.mask, attn_mask=allowed[:, None, None, :], scale=self.scale
+            q,
+            cache.k,
+            cache.v,
+            key_mask=cache.mask,
+            attn_mask=allowed[:, None, None, :],
+            scale=self.scale,
+            softcap=self.softcap,
         )  # (B, H, 1, D)
         # without a stride, drop what no later query sees once the cache holds twice what one sequence needs
         # (amortised O(1); the pattern mask keeps results exact meanwhile). Sequences decoded side by side share
@@ -122,4 +135,5 @@ class SparseAttention(QKVAttention):
             scale=self.scale,
             dropout_p=self.attn_drop if self.training else 0.0,
             need_weights=need_weights,
+            softcap=self.softcap,
         )

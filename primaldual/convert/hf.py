@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention.base import AttentionLayer
+from ..attention.hybrid import HybridAttention
 from ..integrations.torch_nn import attention_from_projections, resolve_layer_indices
 from .external import Reader, check_stages, initialise_and_transfer
 from .students import check_student
@@ -150,12 +151,14 @@ def hf_student_layers(model: nn.Module, layers: Sequence[int]) -> list[Attention
 
 def hf_teacher_layer(teacher: nn.Module, index: int) -> AttentionLayer:
     """The teacher's attention at block ``index`` as a primaldual softmax layer with its weights (grouped K / V heads
-    repeated): the layer the initialisation reads per-head outputs from."""
+    repeated): the layer the initialisation reads per-head outputs from. A sliding-window layer (Mistral, Gemma 2
+    and 3) is rebuilt as ``sparse`` softmax on its window."""
     hf = _hf()
     _, blocks = hf.find_blocks(teacher)
     site = hf.read_site(teacher, blocks[index], index)
+    window = {} if site.window is None else {"window": site.window - 1}  # sparse's radius: the keys before one's own
     layer = attention_from_projections(
-        "softmax",
+        "sparse" if site.window is not None else "softmax",
         num_heads=site.num_heads,
         q=site.q,
         k=site.k,
@@ -165,6 +168,7 @@ def hf_teacher_layer(teacher: nn.Module, index: int) -> AttentionLayer:
         scale=site.scale,
         qk_norm=site.qk_norm,
         softcap=site.softcap,
+        **window,
     )
     return layer.eval()
 
@@ -208,8 +212,18 @@ def convert_hf(
     hf = _hf()
     _, blocks = hf.find_blocks(teacher)
     chosen = resolve_layer_indices(layers, len(blocks))
-    if not all(hf.read_site(teacher, blocks[i], i).causal for i in chosen):
+    sites = [hf.read_site(teacher, blocks[i], i) for i in chosen]
+    if not all(site.causal for site in sites):
         check_student(student, options, causal=False)  # the window students look back: causal layers only
+    if name == "hybrid":  # its window branch is the teacher's exact attention: no wider than the teacher's window
+        keys = options.get("window", inspect.signature(HybridAttention).parameters["window"].default)
+        for i, site in zip(chosen, sites):
+            if site.window is not None and isinstance(keys, int) and keys > site.window:
+                raise ValueError(
+                    f"window: layer {i} of the teacher slides a window of {site.window} keys; the {student} "
+                    f"student's window of {keys} keys would see more than the teacher did: pass window="
+                    f"{site.window} or less"
+                )
     model = hf.convert(copy.deepcopy(teacher), name, chosen, **fixed, **options)
     report = initialise_and_transfer(
         teacher,

@@ -86,6 +86,7 @@ def sparse_attention(
     scale: float | None = None,
     dropout_p: float = 0.0,
     need_weights: bool = False,
+    softcap: float | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Sparse attention (self-attention: q, k, v share N).
 
@@ -97,6 +98,7 @@ def sparse_attention(
         key_mask: ``(B, N)`` bool, True = real key. The pattern is then counted over each sequence's real
             tokens (see the module docstring).
         need_weights: use the dense path and return ``(B, H, N, N)`` weights (zeros off-pattern).
+        softcap: None, or a cap ``c > 0`` on the scaled logits, ``s -> c * tanh(s / c)`` (Gemma 2's sliding layers).
 
     Returns:
         ``(out (B, H, N, Dv), weights or None)``.
@@ -107,6 +109,7 @@ def sparse_attention(
     check_bool("need_weights", need_weights)
     check_number("scale", scale, allow_none=True)
     check_number("dropout_p", dropout_p, low=0, high=1, high_open=True)
+    check_number("softcap", softcap, low=0, low_open=True, allow_none=True)
     B, H, N, D = q.shape
     if k.shape[2] != N:
         raise ValueError(f"sparse attention is self-attention: q and k lengths differ ({N} vs {k.shape[2]})")
@@ -128,6 +131,7 @@ def sparse_attention(
                 scale=scale,
                 dropout_p=dropout_p,
                 need_weights=need_weights,
+                softcap=softcap,
             )
         return out.to(q.dtype), None if weights is None else weights.to(q.dtype)
     if need_weights:
@@ -145,13 +149,14 @@ def sparse_attention(
             dropout_p=dropout_p,
             need_weights=True,
             backend="eager",
+            softcap=softcap,
         )
     if key_mask is None:  # ranks are positions
-        return _blocked(q, k, v, window, stride, num_global, None, causal, scale, dropout_p), None
+        return _blocked(q, k, v, window, stride, num_global, None, causal, scale, dropout_p, softcap), None
     # real tokens first: there a token's position is its rank, so the positional kernel counts real tokens
     order = real_first_order(key_mask)  # (B, N)
     qo, ko, vo = (_gather_tokens(t, order) for t in (q, k, v))  # (B, H, N, D) each, real-first order
-    out = _blocked(qo, ko, vo, window, stride, num_global, key_mask.gather(1, order), causal, scale, dropout_p)
+    out = _blocked(qo, ko, vo, window, stride, num_global, key_mask.gather(1, order), causal, scale, dropout_p, softcap)
     return _gather_tokens(out, order.argsort(1)), None  # (B, H, N, Dv) back in the input order
 
 
@@ -173,8 +178,14 @@ def _blocked(
     causal: bool,
     scale: float,
     dropout_p: float,
+    softcap: float | None = None,
 ) -> Tensor:
     B, H, N, D = q.shape
+
+    def logits(a: Tensor, b: Tensor) -> Tensor:  # scaled (and capped) q k^T of two blocks
+        s = torch.matmul(a, b.transpose(-2, -1)) * scale
+        return s if softcap is None else softcap * torch.tanh(s / softcap)
+
     E = v.shape[-1]
     G = min(num_global, N)
     neg = torch.finfo(q.dtype).min
@@ -198,7 +209,7 @@ def _blocked(
     loc_ok &= kj >= G  # global keys are handled by the global set
     if causal:
         loc_ok &= kj <= qi
-    s_loc = torch.matmul(qp, k_loc.transpose(-2, -1)) * scale  # (B, H, M, b, 3b)
+    s_loc = logits(qp, k_loc)  # (B, H, M, b, 3b)
     s_loc = s_loc.masked_fill(~loc_ok[:, None], neg).reshape(B, H, M * b, 3 * b)  # (B, H, Np, 3b)
     ok_parts = [loc_ok.reshape(B, 1, M * b, 3 * b)]
     scores = [s_loc]
@@ -208,7 +219,7 @@ def _blocked(
     if G > 0:  # ---- global keys, seen by every query
         jg = torch.arange(G, device=dev)[None, :]
         g_ok = kmask[:, None, :G] & ((jg <= i_all) if causal else torch.ones_like(jg <= i_all))  # (B, Np, G)
-        s_g = torch.matmul(q_flat, k[:, :, :G].transpose(-2, -1)) * scale  # (B, H, Np, G)
+        s_g = logits(q_flat, k[:, :, :G])  # (B, H, Np, G)
         scores.append(s_g.masked_fill(~g_ok[:, None], neg))
         ok_parts.append(g_ok[:, None])
     if stride > 0:  # ---- strided keys of the query's residue class, outside the band and globals
@@ -225,7 +236,7 @@ def _blocked(
         st_ok = ((ii - jj).abs() > window) & (jj >= G) & ms[:, :, None, :]  # (B, S, R, R)
         if causal:
             st_ok &= jj <= ii
-        s_st = torch.matmul(qs, ks.transpose(-2, -1)) * scale  # (B, H, S, R, R)
+        s_st = logits(qs, ks)  # (B, H, S, R, R)
         s_st = s_st.masked_fill(~st_ok[:, None], neg)
         # back to query order: (B, H, S, R, R) -> (B, H, R, S, R) -> (B, H, R*S, R)
         s_st = s_st.transpose(2, 3).reshape(B, H, R * S, R)[:, :, : M * b]
@@ -264,6 +275,7 @@ def _blocked(
             scale=scale,
             dropout_p=dropout_p,
             backend="eager",
+            softcap=softcap,
         )
         out = torch.cat([o_g, out[:, :, G:]], 2)
     return out

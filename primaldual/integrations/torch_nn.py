@@ -135,9 +135,12 @@ def key_mask_from_padding_mask(
     return None if bool(real.all()) else real
 
 
-def _causal_pattern(q_len: int, kv_len: int, device: torch.device) -> Tensor:
-    """``(Nq, Nk)`` bool, True where query i may see key j: ``j <= i + (Nk - Nq)`` (ends aligned)."""
-    return torch.ones(q_len, kv_len, dtype=torch.bool, device=device).tril(kv_len - q_len)
+def _causal_pattern(q_len: int, kv_len: int, device: torch.device, window: int | None = None) -> Tensor:
+    """``(Nq, Nk)`` bool, True where query i may see key j: ``j <= i + (Nk - Nq)`` (ends aligned), and with a
+    ``window`` also ``j > i + (Nk - Nq) - window`` (the query's last ``window`` keys, its own included)."""
+    ones = torch.ones(q_len, kv_len, dtype=torch.bool, device=device)
+    seen = ones.tril(kv_len - q_len)
+    return seen if window is None else seen & ~ones.tril(kv_len - q_len - window)
 
 
 def key_mask_from_attention_mask(
@@ -149,6 +152,7 @@ def key_mask_from_attention_mask(
     causal: bool,
     name: str = "attention_mask",
     true_means: str = "attend",
+    window: int | None = None,
 ) -> Tensor | None:
     """A dense attention mask as primaldual's key mask, after checking it says nothing but padding and causality.
 
@@ -160,6 +164,10 @@ def key_mask_from_attention_mask(
             be exactly ``padding & causal`` (ends aligned), otherwise exactly ``padding``.
         true_means: what True means in a bool mask: ``"attend"`` (SDPA, Hugging Face, timm) or ``"masked"``
             (``nn.MultiheadAttention``).
+        window: a causal mask's sliding window, the keys each query sees counting its own (a Mistral or Gemma
+            layer's ``sliding_window``), or None: a mask with a query axis must then be exactly ``padding & causal &
+            window``. What the receiving layer does beyond the window is its own (a primal layer sees the whole
+            prefix); a key no query's window reaches reads as padding.
 
     Returns:
         ``(B, Nk)`` bool, **True = real key**, or None when every key is real.
@@ -168,6 +176,8 @@ def key_mask_from_attention_mask(
         ValueError: the mask has another shape, soft values, or structure beyond padding and causality (a
             sliding window, packed sequences, a causal mask for a bidirectional layer, ...).
     """
+    if window is not None and (not causal or isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be None or a positive int for a causal mask, got {window!r} (causal={causal})")
     if mask is None:
         return None
     if not isinstance(mask, Tensor):
@@ -194,15 +204,19 @@ def key_mask_from_attention_mask(
     padding = keys[:, None, None, :]  # (B|1, 1, 1, Nk)
     # a broadcast key mask (no query axis) says padding only; causality then comes from the layer
     has_queries = allowed.shape[2] > 1
-    causal_padding = padding & _causal_pattern(q_len, kv_len, mask.device) if has_queries else padding
+    causal_padding = padding & _causal_pattern(q_len, kv_len, mask.device, window) if has_queries else padding
     expected = causal_padding if causal else padding  # (B|1, 1, Nq|1, Nk)
     if not bool((allowed == expected).all()):
         if not causal and has_queries and bool((allowed == causal_padding).all()):
             raise ValueError(f"{name} is causal, but the primaldual layer receiving it was built non-causal")
         kind = "padding and causality" if causal else "padding"
+        if window is not None:
+            kind += f" in a sliding window of {window} keys"
         raise ValueError(
-            f"{name} carries structure other than {kind} (e.g. a sliding window, packed sequences or a custom "
-            "mask); a primaldual layer honours only which keys are real and whether it is causal"
+            f"{name} carries structure other than {kind} (e.g. "
+            + ("a sliding window, " if window is None else "")
+            + "packed sequences or a custom mask); a primaldual layer honours only which keys are real and "
+            "whether it is causal"
         )
     keys = keys.expand(batch, kv_len)
     return None if bool(keys.all()) else keys

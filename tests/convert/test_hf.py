@@ -167,3 +167,43 @@ def test_encoders_refuse_window_students_and_malformed_batches():
         convert_hf(teacher, "primal", [-1], batches=iter([torch.zeros(2, 3, dtype=torch.long)]), s=4)
     with pytest.raises(ValueError, match="carries its own attention_mask"):
         hf_attention_io(teacher, {"input_ids": torch.ones(2, 3, dtype=torch.long)}, torch.ones(2, 3), [0])
+
+
+W = 4  # a sliding window shorter than the batches
+
+
+def _sliding(name: str):
+    layers = ["sliding_attention", "full_attention"]
+    overrides = {"sliding_window": W} if name == "mistral" else {"layer_types": layers, "sliding_window": W}
+    return tiny(name, **overrides)
+
+
+def _calibration(n: int = 12, length: int = 10):
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(2, 50, (n, length), generator=g)
+    return [(ids, torch.ones_like(ids))]
+
+
+def test_convert_hf_rebuilds_a_sliding_teacher_and_keeps_its_window():
+    """The teacher check rebuilds a sliding layer as sparse softmax on its window (0 error); the window student with
+    the teacher's window is the teacher; a hybrid window wider than the teacher's is refused."""
+    teacher = _sliding("mistral")
+    batches = _calibration()
+    model, report = convert_hf(teacher, "window", "all", batches=batches, window=W, sinks=0)
+    assert all(row["rebuild_error"] < 1e-5 for row in report["init"].values())
+    ids = batches[0][0]
+    torch.testing.assert_close(_logits(model, ids), _logits(teacher, ids), rtol=0, atol=2e-5)
+    with pytest.raises(ValueError, match=r"window: layer 0 of the teacher slides a window of 4 keys; the hybrid "
+                                         r"student's window of 64 keys would see more than the teacher did: pass "
+                                         "window=4 or less"):  # fmt: skip
+        convert_hf(teacher, "hybrid", "all", batches=batches)
+
+
+def test_convert_hf_primal_students_on_a_capped_sliding_teacher():
+    """Gemma 2 (capped logits, a sliding layer): the teacher check rebuilds the sliding layer as capped sparse softmax,
+    and the primal students train in stage 1."""
+    teacher = _sliding("gemma2")
+    with pytest.warns(UserWarning, match="sliding window"):
+        model, report = convert_hf(teacher, "primal", "all", batches=_calibration() * 3, steps=2, s=4)
+    assert all(row["rebuild_error"] < 1e-5 for row in report["init"].values())
+    assert len(report["history"]) >= 1 and all(torch.isfinite(torch.tensor(r["loss"])) for r in report["history"])

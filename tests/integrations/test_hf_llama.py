@@ -173,22 +173,15 @@ def test_nope_layers_take_no_rotary_tables():
 @pytest.mark.parametrize(
     "name,overrides,layers,message",
     [
-        ("mistral", {"sliding_window": 16}, "all", r"layer 0: sliding-window attention \(sliding_window=16\)"),
-        ("qwen2", {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1}, (1,),
-         r"layer 1: sliding-window attention"),
         ("olmo", {"clip_qkv": 8.0}, "all", r"layer 0: clamped projections \(clip_qkv=8.0\)"),
         ("gemma", {"use_bidirectional_attention": True}, "all", "layer 0: a bidirectional decoder"),
         ("phi", {"qk_layernorm": True}, "all", r"layer 0: LayerNorms on queries / keys \(qk_layernorm\)"),
-        ("olmo3", {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4}, (0,),
-         r"layer 0: sliding-window attention"),
     ],
 )  # fmt: skip
 def test_what_a_converted_layer_cannot_reproduce_is_refused(name, overrides, layers, message):
     model = tiny(name, **overrides)
     with pytest.raises(ValueError, match=rf"model type {name!r}, {message}"):
         hf.convert(model, "softmax", layers)
-    if name == "qwen2":  # its first layer is full attention: that one converts
-        hf.convert(model, "softmax", (0,))
 
 
 def test_query_key_norms_are_read_per_head_or_over_all_heads():
@@ -247,11 +240,13 @@ def test_identity_norms_are_no_norms_and_other_norms_are_named():
 
 
 def test_soft_capped_logits_convert_to_softmax_and_are_said_dropped_elsewhere():
-    """Gemma 2's cap (1.0 here, so that it bites) goes into softmax layers; sparse has none and says so."""
+    """Gemma 2's cap (1.0 here, so that it bites) goes into softmax, sparse and hybrid layers; linear has none and
+    says so."""
     model = tiny("gemma2")
     assert hf.convert(copy.deepcopy(model), "softmax", (0,)).model.layers[0].self_attn.attn.softcap == 1.0
-    with pytest.warns(UserWarning, match=r"layers \[0\]: attention 'sparse' takes no logit cap"):
-        hf.convert(copy.deepcopy(model), "sparse", (0,), window=64)
+    assert hf.convert(copy.deepcopy(model), "sparse", (0,), window=64).model.layers[0].self_attn.attn.softcap == 1.0
+    with pytest.warns(UserWarning, match=r"layers \[0\]: attention 'linear' takes no logit cap"):
+        hf.convert(copy.deepcopy(model), "linear", (0,))
     with pytest.raises(TypeError, match="option 'softcap' is set from the model being converted"):
         hf.convert(model, "softmax", softcap=30.0)
 
@@ -323,8 +318,10 @@ def test_opt_converts_faithfully():
 
 
 def test_a_refusal_names_the_layers_that_do_convert():
-    """Gemma 3 slides in five layers of six: the error for "all" lists the full-attention ones."""
-    model = tiny("gemma3_text", num_hidden_layers=7, layer_types=None, sliding_window=4)
-    with pytest.raises(ValueError, match=r"layer 0: sliding-window .*; the layers of this model that convert: \[5\]$"):
+    """A model some of whose layers cannot be converted: the error for "all" lists the ones that can."""
+    model = tiny("llama", num_hidden_layers=3)
+    model.model.layers[1].self_attn.is_causal = False  # one bidirectional layer in a causal decoder
+    with pytest.raises(ValueError, match=r"layer 1: a bidirectional decoder .*; the layers of this model that "
+                                         r"convert: \[0, 2\]$"):  # fmt: skip
         hf.convert(model, "softmax", "all")
-    assert hf.convert(model, "softmax", [5]).model.layers[5].self_attn.attn.causal
+    assert hf.convert(model, "softmax", [0, 2]).model.layers[2].self_attn.attn.causal

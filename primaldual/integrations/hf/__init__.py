@@ -23,7 +23,7 @@ it once transformers is imported, so that exported models load with the Auto cla
 from __future__ import annotations
 
 from .architectures import SUPPORTED_MODEL_TYPES
-from .cache import PrimalCacheLayer, StateCacheLayer
+from .cache import PrimalCacheLayer, SlidingInputsCacheLayer, SlidingStateCacheLayer, StateCacheLayer
 from .compat import (
     CACHE_KEYWORDS,
     TRANSFORMERS_RANGE,
@@ -49,6 +49,8 @@ __all__ = [
     "CacheKeywordError",
     "HFSelfAttention",
     "PrimalCacheLayer",
+    "SlidingInputsCacheLayer",
+    "SlidingStateCacheLayer",
     "StateCacheLayer",
     "PrimalDualForCausalLM",
     "PrimalDualLMCache",

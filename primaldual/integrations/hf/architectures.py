@@ -80,6 +80,8 @@ class Site:
         qk_norm: the module's RMS norms on q and k, applied before the rotary tables (Qwen3, OLMo 2, Gemma 3).
         softcap: the cap on its logits, ``s -> softcap * tanh(s / softcap)`` (Gemma 2), or None.
         decodes: a causal module that generation calls with a cache (False: a causal encoder, CLIP's text tower).
+        window: the keys a sliding-window layer sees, its own included (Mistral, Gemma 2 and 3, ...), or None for
+            full attention.
     """
 
     attr: str
@@ -100,6 +102,7 @@ class Site:
     softcap: float | None = None
     decodes: bool = True
     out_module: nn.Module | None = None
+    window: int | None = None
 
     @property
     def arg_names(self) -> tuple[str, ...]:
@@ -286,7 +289,7 @@ def _repeat_heads(proj: Projection, kv_heads: int, heads: int, head_dim: int, na
 
 def _rotary_layout(attn: nn.Module) -> str | None:
     """Why a Llama-layout attention cannot be reproduced by a converted layer, or None: projections clamped,
-    LayerNorms on queries and keys, or a sliding window (the converted layers attend to the whole prefix)."""
+    LayerNorms on queries and keys, or a bidirectional decoder."""
     cfg = attn.config
     if not getattr(attn, "is_causal", True):
         return "a bidirectional decoder (is_causal False: use_bidirectional_attention) is not supported"
@@ -294,15 +297,27 @@ def _rotary_layout(attn: nn.Module) -> str | None:
         return f"clamped projections (clip_qkv={cfg.clip_qkv}) are not supported"
     if any(getattr(attn, n, None) is not None for n in ("q_layernorm", "k_layernorm")):
         return "LayerNorms on queries / keys (qk_layernorm) are not supported (RMS norms, q_norm / k_norm, are)"
-    # the layer's own window where it keeps one (Qwen2, SmolLM3: None on full-attention layers), else the model's
-    window = getattr(attn, "sliding_window", getattr(cfg, "sliding_window", None))
-    types, i = getattr(cfg, "layer_types", None) or [], attn.layer_idx
-    if window or (i is not None and i < len(types) and types[i] != "full_attention"):
-        return (
-            f"sliding-window attention (sliding_window={window}) is not supported: a converted layer attends to the "
-            "whole prefix"
-        )
     return None
+
+
+def _sliding_window(attn: nn.Module) -> int | None:
+    """The keys a Llama-layout attention sees, counting its own (query ``i`` attends to ``i - window < j <= i``), or
+    None for full attention: the layer's own ``sliding_window`` where it keeps one (Qwen2, Gemma 2 and 3, OLMo 3,
+    SmolLM3: None on full-attention layers), else the model's (Mistral, Phi-3). A layer type other than full or
+    sliding attention (chunked, ...) is a :class:`LayoutError`."""
+    cfg = attn.config
+    window = attn.sliding_window if hasattr(attn, "sliding_window") else getattr(cfg, "sliding_window", None)
+    types, i = getattr(cfg, "layer_types", None) or [], attn.layer_idx
+    kind = types[i] if i is not None and i < len(types) else None
+    if kind not in (None, "full_attention", "sliding_attention"):
+        raise LayoutError(f"attention of layer type {kind!r} is not supported (full and sliding-window attention are)")
+    if window is None:
+        if kind == "sliding_attention":
+            raise LayoutError("a sliding-attention layer without a window (sliding_window None) is not supported")
+        return None
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise LayoutError(f"sliding_window must be a positive int, got {window!r}")
+    return window
 
 
 def _rms_gain(norm: nn.Module, width: int, name: str) -> tuple[Tensor, float]:
@@ -404,6 +419,7 @@ def _rotary(block: nn.Module) -> Site:
         rope=bool(getattr(attn, "use_rope", True)),  # SmolLM3's NoPE layers take no tables
         qk_norm=_qk_norm(attn, heads, kv_heads, head_dim),
         softcap=None if (cap := getattr(cfg, "attn_logit_softcapping", None)) is None else float(cap),
+        window=_sliding_window(attn),
     )
 
 

@@ -10,8 +10,16 @@ contrastive search and batch selection. A converted layer therefore stores its s
   :class:`StateCacheLayer` that holds the layer's own decoding state (a primal layer's running sums, a hybrid's
   window cache and sums, a softmax layer's keys and values) and the number of tokens seen; new tokens go through the
   layer's ``step``. A new cache (a new ``generate()`` call, or a plain forward) starts a new state.
-* the others (the SVR family, ``decoding == "recompute"``) keep the layer's **inputs** ``(B, 1, T, C)`` in the
-  ordinary ``DynamicLayer`` of their entry and recompute the causal output over them (exact; O(T^2) per token).
+* the others (the SVR family, ``decoding == "recompute"``) keep the layer's **inputs** ``(B, 1, T, C)`` and their
+  padding ``(B, 1, T, 1)`` as the keys and values of an ordinary ``DynamicLayer`` and recompute the causal output
+  over them (exact; O(T^2) per token).
+
+**Sliding-window layers** (Mistral, Gemma 2 and 3, ...): a ``DynamicCache`` built from such a model's config holds a
+``DynamicSlidingWindowLayer`` for each, which keeps only the last ``window - 1`` keys, and transformers builds the
+mask of every sliding layer to the sizes the first sliding entry reports. A converted sliding layer's entry
+(:class:`SlidingStateCacheLayer`, :class:`SlidingInputsCacheLayer`) therefore keeps what the converted layer needs
+(its state, or every input) but reports the sizes and ``is_sliding`` of the entry it replaced, so the masks of the
+layers left unconverted stay right.
 """
 
 from __future__ import annotations
@@ -21,9 +29,26 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .compat import Cache, DynamicLayer, cache_entry, is_plain_dynamic_layer, self_attention_cache, set_cache_entry
+from .compat import (
+    Cache,
+    DynamicLayer,
+    cache_entry,
+    is_plain_dynamic_layer,
+    is_plain_sliding_layer,
+    self_attention_cache,
+    set_cache_entry,
+)
 
-__all__ = ["PrimalCacheLayer", "StateCacheLayer", "primal_cache_layer", "self_attention_cache", "state_cache_layer"]
+__all__ = [
+    "PrimalCacheLayer",
+    "SlidingInputsCacheLayer",
+    "SlidingStateCacheLayer",
+    "StateCacheLayer",
+    "inputs_cache_layer",
+    "primal_cache_layer",
+    "self_attention_cache",
+    "state_cache_layer",
+]
 
 
 def _map_state(state: Any, fn: Any) -> Any:
@@ -131,20 +156,73 @@ class StateCacheLayer(DynamicLayer):
 PrimalCacheLayer = StateCacheLayer
 
 
+class _SlidingSizes:
+    """The mask sizes and ``is_sliding`` of transformers' ``DynamicSlidingWindowLayer`` after the same tokens, for an
+    entry that replaces one (see the module docstring)."""
+
+    is_sliding = True
+    sliding_window: int
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """``(kv_length, kv_offset)``: the last ``window - 1`` tokens seen and the new ones."""
+        seen, window = self.get_seq_length(), self.sliding_window
+        return min(seen, window - 1) + query_length, max(seen - window + 1, 0)
+
+
+class SlidingStateCacheLayer(_SlidingSizes, StateCacheLayer):
+    """A :class:`StateCacheLayer` in place of a sliding-window entry (its ``sliding_window`` keys, its own included)."""
+
+    def __init__(self, sliding_window: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.sliding_window = int(sliding_window)
+
+
+class SlidingInputsCacheLayer(_SlidingSizes, DynamicLayer):
+    """A plain ``DynamicLayer`` (it keeps every input of a recomputing layer) in place of a sliding-window entry."""
+
+    def __init__(self, sliding_window: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.sliding_window = int(sliding_window)
+
+
+def _fresh_entry(cache: Cache, layer_idx: int) -> tuple[Any, int | None]:
+    """The still empty entry ``layer_idx`` and its sliding window (None for a plain ``DynamicLayer``); another kind
+    of entry, or one that already holds keys and values, is an error."""
+    entry = cache_entry(cache, layer_idx)
+    plain, sliding = is_plain_dynamic_layer(entry), is_plain_sliding_layer(entry)
+    if not (plain or sliding) or entry.get_seq_length() > 0:
+        raise TypeError(
+            f"cache entry {layer_idx} is a {type(entry).__name__}"
+            + (" that already holds keys and values" if plain or sliding else "")
+            + "; a converted layer needs a fresh DynamicCache (static, quantized and offloaded caches are not "
+            "supported)"
+        )
+    return entry, entry.sliding_window if sliding else None
+
+
 def state_cache_layer(cache: Cache, layer_idx: int) -> StateCacheLayer:
-    """The :class:`StateCacheLayer` at ``layer_idx``, installed in place of a still empty ``DynamicLayer``."""
+    """The :class:`StateCacheLayer` at ``layer_idx``, installed in place of a still empty ``DynamicLayer`` (a
+    :class:`SlidingStateCacheLayer` in place of an empty ``DynamicSlidingWindowLayer``)."""
     entry = cache_entry(cache, layer_idx)
     if isinstance(entry, StateCacheLayer):
         return entry
-    if not is_plain_dynamic_layer(entry) or entry.get_seq_length() > 0:
-        raise TypeError(
-            f"cache entry {layer_idx} is a {type(entry).__name__}"
-            + (" that already holds keys and values" if is_plain_dynamic_layer(entry) else "")
-            + "; a converted layer needs a fresh DynamicCache (static, sliding-window, quantized and "
-            "offloaded caches are not supported)"
-        )
-    entry = StateCacheLayer()
+    _, window = _fresh_entry(cache, layer_idx)
+    entry = StateCacheLayer() if window is None else SlidingStateCacheLayer(window)
     set_cache_entry(cache, layer_idx, entry)
+    return entry
+
+
+def inputs_cache_layer(cache: Cache, layer_idx: int) -> DynamicLayer:
+    """The ``DynamicLayer`` at ``layer_idx`` that keeps a recomputing layer's every input: the entry itself, or a
+    :class:`SlidingInputsCacheLayer` installed in place of an empty ``DynamicSlidingWindowLayer`` (which would keep
+    only the last ``window - 1``)."""
+    entry = cache_entry(cache, layer_idx)
+    if isinstance(entry, SlidingInputsCacheLayer) or (is_plain_dynamic_layer(entry) and entry.get_seq_length()):
+        return entry
+    entry, window = _fresh_entry(cache, layer_idx)
+    if window is not None:
+        entry = SlidingInputsCacheLayer(window)
+        set_cache_entry(cache, layer_idx, entry)
     return entry
 
 

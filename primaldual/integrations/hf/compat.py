@@ -84,6 +84,7 @@ __all__ = [
     "config_value",
     "installed_transformers_version",
     "is_plain_dynamic_layer",
+    "is_plain_sliding_layer",
     "is_plain_mask_function",
     "is_pretrained_model",
     "model_type_of",
@@ -161,7 +162,12 @@ from transformers import (  # noqa: E402
     PreTrainedModel,
     Trainer,
 )
-from transformers.cache_utils import Cache, DynamicLayer, EncoderDecoderCache  # noqa: E402
+from transformers.cache_utils import (  # noqa: E402
+    Cache,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    EncoderDecoderCache,
+)
 from transformers.masking_utils import (  # noqa: E402
     AttentionMaskInterface,
     bidirectional_mask_function,
@@ -268,6 +274,12 @@ def set_cache_entry(cache: Cache, layer_idx: int, entry: Any) -> None:
 def is_plain_dynamic_layer(entry: Any) -> bool:
     """Whether ``entry`` is a ``DynamicLayer`` itself (not a sliding-window, quantized, ... subclass)."""
     return type(entry) is DynamicLayer
+
+
+def is_plain_sliding_layer(entry: Any) -> bool:
+    """Whether ``entry`` is a ``DynamicSlidingWindowLayer`` itself (what a ``DynamicCache`` built from a model's
+    config holds for its sliding-window layers: Mistral, Gemma 2 and 3, ...); its window is ``entry.sliding_window``."""
+    return type(entry) is DynamicSlidingWindowLayer
 
 
 # ------------------------------------------------------------------------------------------ output collector

@@ -24,6 +24,7 @@ from typing import Any
 from torch import nn
 
 from ...attention.registry import attention_options
+from ...attention.sparse import SparseAttention
 from ..torch_nn import (
     attention_from_projections,
     check_causal_capability,
@@ -42,7 +43,7 @@ from .compat import (
 )
 from .modules import HFSelfAttention
 
-__all__ = ["CONVERSIONS_KEY", "convert", "converted_layers", "from_pretrained"]
+__all__ = ["CONVERSIONS_KEY", "convert", "converted_layers", "from_pretrained", "sees_beyond"]
 
 CONVERSIONS_KEY = "primaldual_conversions"
 
@@ -134,6 +135,7 @@ def convert(
                 source=type(site.module).__name__,
                 rope=site.rope,
                 decodes=site.decodes,
+                window=site.window,
             ).train(site.module.training)  # the mode of the module it replaces
         )
     # what of the model the mechanism goes without, layer by layer: said once each, never dropped silently
@@ -142,9 +144,21 @@ def convert(
         "come from its causal prefix means)": [i for i, s, m in zip(chosen, sites, new) if s.rope and not m.uses_rope],
         "query / key norms (qk_norm), so the converted layers do without the model's q_norm / k_norm (a primal layer "
         "normalises its own features)": [i for i, s in zip(chosen, sites) if s.qk_norm is not None and not takes_norms],
-        "logit cap (softcap), so the converted layers do without the model's attn_logit_softcapping (softmax takes "
-        "it)": [i for i, s in zip(chosen, sites) if s.softcap is not None and not takes_cap],
+        "logit cap (softcap), so the converted layers do without the model's attn_logit_softcapping (softmax, "
+        "sparse and hybrid take it)": [i for i, s in zip(chosen, sites) if s.softcap is not None and not takes_cap],
     }
+    beyond = [
+        (i, s.window) for i, s, m in zip(chosen, sites, new) if s.window is not None and sees_beyond(m.attn, s.window)
+    ]
+    if beyond:
+        windows = sorted({w for _, w in beyond})
+        warnings.warn(
+            f"layers {[i for i, _ in beyond]}: the model's sliding window ({' / '.join(map(str, windows))} keys) is not "
+            f"kept: attention {attention!r} also sees keys before it (sparse with window=sliding_window - 1, or "
+            "hybrid with primal_branch=False, sinks=0 and window=sliding_window, keep it exactly)",
+            UserWarning,
+            stacklevel=2,
+        )
     for what, layers in dropped.items():
         if layers:
             warnings.warn(f"layers {layers}: attention {attention!r} takes no {what}", UserWarning, stacklevel=2)
@@ -155,6 +169,15 @@ def convert(
     _own_config(model)
     set_config_value(model, CONVERSIONS_KEY, record)
     return model
+
+
+def sees_beyond(layer: nn.Module, window: int) -> bool:
+    """Whether the converted causal ``layer`` can attend to a key outside a sliding window of ``window`` keys (its own
+    included): every mechanism but a sparse one (hybrid's window branch included) with a radius under ``window``, no
+    stride, no global tokens (sinks) and no primal branch."""
+    if not isinstance(layer, SparseAttention):
+        return True
+    return layer.window >= window or layer.stride > 0 or layer.num_global > 0 or getattr(layer, "has_branch", False)
 
 
 def _convertible_hint(model: nn.Module, blocks: nn.ModuleList) -> str:

@@ -29,7 +29,14 @@ __all__ = ["attentions_requested", "key_mask_from_hf", "record_attentions"]
 
 
 def key_mask_from_hf(
-    attention_mask: Any, *, batch: int, q_len: int, kv_len: int, causal: bool, name: str = "attention_mask"
+    attention_mask: Any,
+    *,
+    batch: int,
+    q_len: int,
+    kv_len: int,
+    causal: bool,
+    name: str = "attention_mask",
+    window: int | None = None,
 ) -> Tensor | None:
     """The keys' padding mask from whatever form of ``attention_mask`` a Hugging Face model passes.
 
@@ -39,9 +46,13 @@ def key_mask_from_hf(
             float mask broadcastable to ``(B, H, Nq, Nk)``.
         batch, q_len, kv_len: ``B``, ``Nq`` (the tokens of this call) and ``Nk`` (cached plus new tokens).
         causal: whether the receiving layer is causal (a 4-D mask must then be exactly padding & causal).
+        window: the sliding window of the layer the model built the mask for (the keys a query sees, its own
+            included), or None. A 4-D mask must then be exactly padding, causality and that window; it may cover
+            every key or, as transformers cuts it for a sliding cache, the last ``min(Nk, window - 1 + Nq)``.
 
     Returns:
-        ``(B, Nk)`` bool, True = real key, or None when every key is real.
+        ``(B, Nk')`` bool, True = real key, or None when every key is real: ``Nk'`` is the mask's key axis (``Nk``,
+        or the cut one for a sliding layer), whose last ``Nq`` keys are always this call's tokens.
     """
     if attention_mask is None:
         return None
@@ -59,8 +70,10 @@ def key_mask_from_hf(
             raise ValueError(f"a 2-D {name} must hold 0 (padding) and 1 (keep), got other values")
         keys = attention_mask != 0 if attention_mask.dtype != torch.bool else attention_mask
         return None if bool(keys.all()) else keys
+    if window is not None and attention_mask.shape[-1] == min(kv_len, window - 1 + q_len):
+        kv_len = attention_mask.shape[-1]  # a sliding cache's cut: the keys the window can still reach
     return key_mask_from_attention_mask(
-        attention_mask, batch=batch, q_len=q_len, kv_len=kv_len, causal=causal, name=name
+        attention_mask, batch=batch, q_len=q_len, kv_len=kv_len, causal=causal, name=name, window=window
     )
 
 

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from ...attention.base import AttentionLayer
 from ...attention.primal import PrimalAttention, PrimalState
-from .cache import state_cache_layer
+from .cache import inputs_cache_layer, state_cache_layer
 from .compat import CACHE_KEYWORDS, self_attention_cache
 from .masks import attentions_requested, key_mask_from_hf, record_attentions
 
@@ -62,6 +62,9 @@ class HFSelfAttention(nn.Module):
         rope: the replaced module applied the rotary tables it is called with (``position_embeddings``).
         decodes: a causal module that generation calls with a cache (False: a causal encoder such as CLIP's text
             tower, which is never cached, so it has no cache keyword).
+        window: the replaced module's sliding window (the keys a query saw, its own included; Mistral, Gemma 2 and
+            3), or None: the masks the model builds for it carry that window, which is checked and read for its
+            padding. What the converted layer sees is its own mechanism's (a primal layer: the whole prefix).
     """
 
     def __init__(
@@ -75,6 +78,7 @@ class HFSelfAttention(nn.Module):
         source: str = "",
         rope: bool = False,
         decodes: bool = True,
+        window: int | None = None,
     ) -> None:
         super().__init__()
         self.attn = layer
@@ -90,6 +94,11 @@ class HFSelfAttention(nn.Module):
         self.is_causal = bool(layer.causal)
         self.rope = bool(rope)
         self.uses_rope = self.rope and type(layer).capabilities.rope
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ValueError(f"window must be None or a positive int, got {window!r}")
+        if window is not None and not layer.causal:
+            raise ValueError("window: a sliding window belongs to a causal layer; this layer is bidirectional")
+        self.window = window
 
     def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         if len(args) > len(self.arg_names):
@@ -126,7 +135,7 @@ class HFSelfAttention(nn.Module):
         else:
             if cache is not None and self_attention_cache(cache).get_seq_length(self.layer_idx or 0) > 0:
                 raise ValueError("a bidirectional converted layer cannot continue from a filled cache")
-            key_mask = key_mask_from_hf(mask, batch=B, q_len=N, kv_len=N, causal=self.is_causal)
+            key_mask = key_mask_from_hf(mask, batch=B, q_len=N, kv_len=N, causal=self.is_causal, window=self.window)
             out, weights = self._run(x, key_mask, need_weights, rope)
         if self.norm is not None:
             out = self.norm(out + hidden_states)
@@ -175,14 +184,22 @@ class HFSelfAttention(nn.Module):
         B, N, _ = x.shape
         if type(self.attn).capabilities.decoding != "recompute":
             return self._stepped(x, mask, cache, need_weights, rope)
-        # the SVR family (no rotary embeddings, no incremental path): every input so far, the output recomputed
-        empty = x.new_zeros(B, 1, N, 0)  # (B, 1, N, 0): the values slot stays empty
-        xs, _ = cache.update(x[:, None], empty, self.layer_idx)  # (B, 1, T, C): every input so far
-        x_all = xs[:, 0]  # (B, T, C)
-        T = x_all.shape[1]
-        key_mask = key_mask_from_hf(mask, batch=B, q_len=N, kv_len=T, causal=True)
-        out, weights = self._run(x_all, key_mask, need_weights)
+        # the SVR family (no rotary embeddings, no incremental path): every input so far and its padding (the mask
+        # of a sliding layer reaches back only as far as its window), the output recomputed
+        entry = inputs_cache_layer(cache, self.layer_idx)
+        T = entry.get_seq_length() + N
+        new_mask = self._new_keys(mask, B, N, T)  # (B, N) or None
+        real = x.new_ones(B, 1, N, 1) if new_mask is None else new_mask[:, None, :, None].to(x.dtype)  # (B, 1, N, 1)
+        xs, reals = cache.update(x[:, None], real, self.layer_idx)  # (B, 1, T, C), (B, 1, T, 1): all so far
+        x_all, key_mask = xs[:, 0], reals[:, 0, :, 0] != 0  # (B, T, C), (B, T)
+        out, weights = self._run(x_all, None if bool(key_mask.all()) else key_mask, need_weights)
         return out[:, T - N :], None if weights is None else weights[:, :, T - N :]
+
+    def _new_keys(self, mask: Any, batch: int, n: int, total: int) -> Tensor | None:
+        """This call's ``n`` tokens' key mask ``(B, N)`` (None: all real) from the model's mask, after ``total - n``
+        cached ones; checked against padding, causality and the layer's window."""
+        key_mask = key_mask_from_hf(mask, batch=batch, q_len=n, kv_len=total, causal=True, window=self.window)
+        return None if key_mask is None else key_mask[:, -n:]
 
     def _stepped(
         self, x: Tensor, mask: Any, cache: Any, need_weights: bool, rope: tuple[Tensor, Tensor] | None
@@ -191,9 +208,7 @@ class HFSelfAttention(nn.Module):
         the full causal forward and ``prefill``, each later token by ``step``."""
         B, N, _ = x.shape
         entry = state_cache_layer(cache, self.layer_idx)
-        T = entry.seen + N
-        key_mask = key_mask_from_hf(mask, batch=B, q_len=N, kv_len=T, causal=True)
-        new_mask = None if key_mask is None else key_mask[:, -N:]  # (B, N)
+        new_mask = self._new_keys(mask, B, N, entry.seen + N)  # (B, N) or None
         kw = {} if rope is None else {"rope": rope}
         if entry.state is None:  # the prompt
             if isinstance(self.attn, PrimalAttention):  # the full forward records the KSVD term when training
@@ -213,4 +228,5 @@ class HFSelfAttention(nn.Module):
         return torch.stack(ys, 1), None  # (B, N, C)
 
     def extra_repr(self) -> str:
-        return f"source={self.source!r}, layer_idx={self.layer_idx}, cache_keyword={self.cache_keyword!r}"
+        window = "" if self.window is None else f", window={self.window}"
+        return f"source={self.source!r}, layer_idx={self.layer_idx}, cache_keyword={self.cache_keyword!r}{window}"
