@@ -44,15 +44,18 @@ def sparse_attention_ref(
     num_global: int = 0,
     key_mask: Tensor | None = None,
     causal: bool = False,
+    softcap: float | None = None,
 ) -> Tensor:
+    """q, k ``(B, H, N, D)``, v ``(B, H, N, Dv)``; the pattern's logits capped as ``softcap * tanh(s / softcap)``
+    when ``softcap`` is given."""
     B, _, N, _ = q.shape
     by_rank = sparse_pattern_ref(N, window, stride, num_global, causal)
     if key_mask is None:
-        return softmax_attention_ref(q, k, v, allowed=by_rank.to(q.device))
+        return softmax_attention_ref(q, k, v, allowed=by_rank.to(q.device), softcap=softcap)
     pattern = torch.zeros(B, 1, N, N, dtype=torch.bool)
     for b in range(B):
         rank = _ranks(key_mask[b].tolist())
         for i in range(N):
             for j in range(N):
                 pattern[b, 0, i, j] = by_rank[rank[i], rank[j]]
-    return softmax_attention_ref(q, k, v, key_mask=key_mask, allowed=pattern.to(q.device))
+    return softmax_attention_ref(q, k, v, key_mask=key_mask, allowed=pattern.to(q.device), softcap=softcap)

@@ -22,13 +22,19 @@ VARIANTS: dict[str, list[dict]] = {
     # qk_norm (every mechanism with a fused qkv projection takes it): each layout on some of them
     "softmax": [{}, {"qk_norm": "head"}, {"softcap": 2.0, "scale": 1.5}],
     "linear": [{}, {"qk_norm": "all_heads", "qk_norm_eps": 1e-5}],
-    "sparse": [{"window": 2}, {"window": 2, "stride": 3, "num_global": 2}, {"window": 2, "qk_norm": "all_heads"}],
+    "sparse": [
+        {"window": 2},
+        {"window": 2, "stride": 3, "num_global": 2},
+        {"window": 2, "qk_norm": "all_heads"},
+        {"window": 2, "stride": 3, "num_global": 1, "softcap": 1.5},
+    ],
     # a non-zero gate: at the default 0 the branch starts outside the output (window only) and gets no gradient
     "hybrid": [
         {"window": 4, "sinks": 2, "s": 3, "gate_init": 0.5},
         {"window": 3, "sinks": 0, "primal_branch": False},
         {"window": 64, "s": 2, "gate_init": -1.0, "ksvd_reduction": "sample"},
         {"window": 4, "sinks": 1, "s": 3, "gate_init": 0.5, "qk_norm": "head"},
+        {"window": 4, "sinks": 1, "s": 3, "gate_init": 0.5, "softcap": 1.5},
     ],
     "softmax_bn": [{}, {"stats_over": "batch", "beta": 0.5}, {"divide_std": False}],
     "linear_bn": [{}, {"stats_over": "batch"}],

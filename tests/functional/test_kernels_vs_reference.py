@@ -129,6 +129,33 @@ def test_sparse_matches_reference(causal, pattern):
     )
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("pattern", [(3, 0, 0), (2, 5, 2)])
+def test_softcapped_sparse_matches_reference(causal, pattern):
+    """Gemma 2's sliding layers: the cap on the pattern's logits, on every path (blocked, weights, padded)."""
+    q, k, v, km = _inputs()
+    w, s, g = pattern
+    q3 = lambda q: q * 3  # noqa: E731 - logits of a few units, near the cap of 2
+    for mask in (None, km):
+        _compare(
+            lambda q, k, v: sparse_attention(
+                q3(q), k, v, window=w, stride=s, num_global=g, key_mask=mask, causal=causal, softcap=2.0
+            )[0],
+            lambda q, k, v: sparse_attention_ref(q3(q), k, v, w, s, g, key_mask=mask, causal=causal, softcap=2.0),
+            q,
+            k,
+            v,
+        )
+    dense = sparse_attention(q3(q), k, v, window=w, stride=s, num_global=g, key_mask=km, causal=causal, softcap=2.0,
+                             need_weights=True)[0]  # fmt: skip
+    ref = sparse_attention_ref(q3(q), k, v, w, s, g, key_mask=km, causal=causal, softcap=2.0)
+    assert rel_err(dense, ref) < 1e-6
+    uncapped = sparse_attention(q3(q), k, v, window=w, stride=s, num_global=g, key_mask=km, causal=causal)[0]
+    assert rel_err(dense, uncapped) > 1e-2  # the cap bites
+    with pytest.raises(ValueError, match="softcap"):
+        sparse_attention(q, k, v, window=w, softcap=0.0)
+
+
 def test_sparse_full_window_equals_softmax():
     q, k, v, km = _inputs()
     a, _ = sparse_attention(q, k, v, window=N, key_mask=km)
