@@ -138,10 +138,10 @@ def test_softcapped_sparse_matches_reference(causal, pattern):
     q3 = lambda q: q * 3  # noqa: E731 - logits of a few units, near the cap of 2
     for mask in (None, km):
         _compare(
-            lambda q, k, v: sparse_attention(
-                q3(q), k, v, window=w, stride=s, num_global=g, key_mask=mask, causal=causal, softcap=2.0
+            lambda q, k, v, m=mask: sparse_attention(
+                q3(q), k, v, window=w, stride=s, num_global=g, key_mask=m, causal=causal, softcap=2.0
             )[0],
-            lambda q, k, v: sparse_attention_ref(q3(q), k, v, w, s, g, key_mask=mask, causal=causal, softcap=2.0),
+            lambda q, k, v, m=mask: sparse_attention_ref(q3(q), k, v, w, s, g, key_mask=m, causal=causal, softcap=2.0),
             q,
             k,
             v,
