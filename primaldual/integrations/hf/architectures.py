@@ -39,6 +39,9 @@ model type                 blocks                  replaced module              
                                                                                 ``[q; k; v]`` per head; ``dense``
 =========================  ======================  ===========================  ==================================
 
+A sliding-window layer (Mistral, Phi-3, Gemma 2 and 3, OLMo 3, Qwen2 and SmolLM3 with ``use_sliding_window``) is
+read like the others, with its window in :attr:`Site.window` (:func:`_sliding_window`).
+
 Llama's attention (and that of each type of its layout) receives its rotary tables from the decoder layer
 (``position_embeddings``); a Site with ``rope=True`` tells the replacement to hand them to mechanisms that take them
 (``capabilities.rope``: softmax, sparse, and hybrid's window branch) and to warn, once at conversion, where the

@@ -74,7 +74,10 @@ def convert(
         layers: block indices (negative from the end) or ``"all"``.
         options: mechanism options (``s=``, ``n=``, ``eta=`` for primal, ``window=`` for sparse, ...). By default
             the logit scale, the attention dropout (where the mechanism has weights to drop) and the output
-            dropout are the original's.
+            dropout are the original's. A sliding-window layer (Mistral, Gemma 2 and 3, ...) keeps its window only
+            under ``sparse`` with ``window=sliding_window - 1`` or a branchless, sinkless ``hybrid`` with
+            ``window=sliding_window``; a mechanism that sees further back is converted with a ``UserWarning``
+            naming the layers.
 
     Returns:
         ``model``.
@@ -181,8 +184,8 @@ def sees_beyond(layer: nn.Module, window: int) -> bool:
 
 
 def _convertible_hint(model: nn.Module, blocks: nn.ModuleList) -> str:
-    """``"; layers that convert: [...]"`` when some of the model's layers can be converted (a model whose sliding-window
-    layers are refused, such as Gemma 3), else ``""``."""
+    """``"; layers that convert: [...]"`` when some of the model's layers can be converted (a model some of whose
+    layers are refused), else ``""``."""
     ok = []
     for j, block in enumerate(blocks):
         try:
