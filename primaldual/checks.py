@@ -50,11 +50,16 @@ def check_finite(t: Tensor, name: str) -> None:
 
 
 def check_heads(dim: int, num_heads: int, head_dim: int | None) -> int:
-    """Validate the width / head split and return the per-head width."""
-    if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
-        raise ValueError(f"dim must be a positive int, got {dim!r}")
-    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
-        raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+    """Validate the width / head split and return the per-head width: a value that is not an int (a bool, a float
+    such as ``2.0``, a string) is a ``TypeError``, one that is not positive or does not divide a ``ValueError``."""
+    for name, value in (("dim", dim), ("num_heads", num_heads), ("head_dim", head_dim)):
+        if name == "head_dim" and value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            extra = " or None" if name == "head_dim" else ""
+            raise TypeError(f"{name} must be a positive int{extra}, got {value!r} ({type(value).__name__})")
+        if value <= 0:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
     if head_dim is None:
         if dim % num_heads != 0:
             raise ValueError(
@@ -62,8 +67,6 @@ def check_heads(dim: int, num_heads: int, head_dim: int | None) -> int:
                 f"to use an inner width other than dim"
             )
         return dim // num_heads
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
-        raise ValueError(f"head_dim must be a positive int or None, got {head_dim!r}")
     return head_dim
 
 

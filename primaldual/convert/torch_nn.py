@@ -154,7 +154,8 @@ def _reader(stack: str | None, causal: bool) -> Reader:
 
     def teacher_layer(teacher: nn.Module, index: int) -> AttentionLayer:
         mha = teacher.get_submodule(find_attention(teacher, stack)[0][index])
-        return MultiheadSelfAttention.from_torch(mha, "softmax", causal=causal).attn.eval()
+        where = f"layer {index} ({find_attention(teacher, stack)[0][index]})"
+        return MultiheadSelfAttention.from_torch(mha, "softmax", causal=causal, where=where).attn.eval()
 
     return Reader(io=io, students=students, teacher_layer=teacher_layer)
 
@@ -213,7 +214,8 @@ def convert_torch(
         mha = model.get_submodule(paths[i])
         if not isinstance(mha, nn.MultiheadAttention):
             raise TypeError(f"layers: layer {i} ({paths[i]}) is a {type(mha).__name__}, not an nn.MultiheadAttention")
-        stand_in = MultiheadSelfAttention.from_torch(mha, name, causal=causal, **fixed, **options)
+        where = f"layer {i} ({paths[i]})"
+        stand_in = MultiheadSelfAttention.from_torch(mha, name, causal=causal, where=where, **fixed, **options)
         setattr(model.get_submodule(parent), attr, stand_in.train(mha.training))  # the mode of what it replaces
     for where, m in model.named_modules():
         if isinstance(m, nn.TransformerEncoder) and any(paths[i].startswith(f"{where}.") for i in chosen):

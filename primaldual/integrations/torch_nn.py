@@ -517,16 +517,28 @@ class MultiheadSelfAttention(nn.Module):
 
     @classmethod
     def from_torch(
-        cls, mha: nn.MultiheadAttention, attention: str = "softmax", *, causal: bool = False, **options: Any
+        cls,
+        mha: nn.MultiheadAttention,
+        attention: str = "softmax",
+        *,
+        causal: bool = False,
+        where: str = "",
+        **options: Any,
     ) -> MultiheadSelfAttention:
-        """A stand-in for ``mha`` with its weights copied (primal: query, key and output; it has no values)."""
+        """A stand-in for ``mha`` with its weights copied (primal: query, key and output; it has no values).
+        ``where`` names the layer in errors (``"layer 2 (encoder.layers.2.self_attn)"``)."""
+        at = f" ({where})" if where else ""
         if not isinstance(mha, nn.MultiheadAttention):
-            raise TypeError(f"expected an nn.MultiheadAttention, got {type(mha).__name__}")
+            raise TypeError(f"expected an nn.MultiheadAttention{at}, got {type(mha).__name__}")
         if not mha._qkv_same_embed_dim:
-            raise ValueError("nn.MultiheadAttention with kdim / vdim different from embed_dim is not self-attention")
+            raise ValueError(
+                f"nn.MultiheadAttention{at} with kdim / vdim different from embed_dim is not self-attention"
+            )
         if mha.bias_k is not None or mha.add_zero_attn:
-            raise ValueError("nn.MultiheadAttention with add_bias_kv or add_zero_attn has no primaldual equivalent")
-        check_causal_capability(attention, causal, "this layer")
+            raise ValueError(
+                f"nn.MultiheadAttention{at} with add_bias_kv or add_zero_attn has no primaldual equivalent"
+            )
+        check_causal_capability(attention, causal, where or "this layer")
         C = mha.embed_dim
         w, b = mha.in_proj_weight, mha.in_proj_bias  # (3C, C), (3C,) or None
         layer = attention_from_projections(
@@ -626,7 +638,10 @@ def _convert_self_attention(
     for i in chosen:
         if isinstance(layers[i].self_attn, MultiheadSelfAttention):
             raise ValueError(f"layers: layer {i} is already converted ({layers[i].self_attn.attention!r})")
-    new = [MultiheadSelfAttention.from_torch(layers[i].self_attn, attention, causal=causal, **options) for i in chosen]
+    new = [
+        MultiheadSelfAttention.from_torch(layers[i].self_attn, attention, causal=causal, where=f"layer {i}", **options)
+        for i in chosen
+    ]
     for i, stand_in in zip(chosen, new):
         layers[i].self_attn = stand_in
     return chosen

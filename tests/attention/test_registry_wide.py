@@ -237,6 +237,11 @@ def test_constructor_errors(name):
         pd.build_attention(name, 10, 3)
     with pytest.raises(TypeError, match="valid options"):
         pd.build_attention(name, 12, 3, not_an_option=1)
+    for bad in ("3", 3.0, True):  # the wrong type is a TypeError, the wrong value a ValueError
+        with pytest.raises(TypeError, match=r"num_heads must be a positive int, got"):
+            pd.build_attention(name, 12, bad)
+    with pytest.raises(ValueError, match="num_heads must be a positive int, got 0"):
+        pd.build_attention(name, 12, 0)
 
 
 def test_unknown_name_lists_registered():

@@ -366,3 +366,11 @@ def test_stage_1_trains_the_students_without_their_dropout():
                                   window=10, sinks=0, s=4)  # fmt: skip
     assert model.encoder.layers[0].self_attn.attn.attn_drop == 0.1
     assert all(row["loss"] < 1e-12 for row in report["history"]), report["history"]
+
+
+def test_a_layer_without_an_equivalent_is_named_by_its_path():
+    teacher = _net()
+    teacher.encoder.layers[0].self_attn = nn.MultiheadAttention(32, 4, add_bias_kv=True, batch_first=True).double()
+    with pytest.raises(ValueError, match=r"nn.MultiheadAttention \(layer 0 \(encoder.layers.0.self_attn\)\) with "
+                                         "add_bias_kv"):  # fmt: skip
+        convert_torch(teacher, "primal", "all", init="random", s=4, max_len=10)

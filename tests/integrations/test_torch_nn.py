@@ -103,6 +103,17 @@ def test_mask_conventions_are_converted_not_guessed():
         key_mask_from_attention_mask(window, batch=1, q_len=3, kv_len=3, causal=False)
 
 
+def test_a_layer_without_an_equivalent_is_named():
+    """kdim / vdim and add_bias_kv have no primaldual equivalent: the refusal names the layer."""
+    enc = _encoder()
+    enc.layers[1].self_attn = nn.MultiheadAttention(32, 4, add_bias_kv=True, batch_first=True)
+    with pytest.raises(ValueError, match=r"nn.MultiheadAttention \(layer 1\) with add_bias_kv"):
+        convert_transformer_encoder(enc, "softmax", "all")
+    enc.layers[1].self_attn = nn.MultiheadAttention(32, 4, kdim=16, vdim=16, batch_first=True)
+    with pytest.raises(ValueError, match=r"nn.MultiheadAttention \(layer 1\) with kdim / vdim"):
+        convert_transformer_encoder(enc, "softmax", "all")
+
+
 def test_stand_in_errors_name_the_problem():
     enc = _encoder()
     x, pad = _batch()
