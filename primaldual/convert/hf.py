@@ -23,12 +23,12 @@ from torch import Tensor, nn
 
 from ..attention.base import AttentionLayer
 from ..attention.hybrid import HybridAttention
-from ..integrations.torch_nn import attention_from_projections, resolve_layer_indices
+from ..integrations.torch_nn import attention_from_projections, check_contiguous_padding, resolve_layer_indices
 from .external import Reader, check_stages, initialise_and_transfer
 from .students import check_student
 from .transfer import evaluating
 
-__all__ = ["convert_hf", "hf_attention_io", "hf_student_layers", "hf_teacher_layer"]
+__all__ = ["check_student_windows", "convert_hf", "hf_attention_io", "hf_student_layers", "hf_teacher_layer"]
 
 
 def _hf() -> Any:
@@ -173,6 +173,23 @@ def hf_teacher_layer(teacher: nn.Module, index: int) -> AttentionLayer:
     return layer.eval()
 
 
+def check_student_windows(
+    student: str, layers: Sequence[int], sites: Sequence[Any], options: Mapping[str, Any]
+) -> None:
+    """A ``hybrid`` or ``window`` student keeps the teacher's exact attention in its window, so its ``window`` (the
+    option, or the mechanism's default) may not be wider than a sliding teacher layer's (``site.window``); its sinks
+    and primal branch see past it by design (:func:`primaldual.integrations.hf.convert` says so)."""
+    if check_student(student)[0] != "hybrid":
+        return
+    keys = options.get("window", inspect.signature(HybridAttention).parameters["window"].default)
+    for i, site in zip(layers, sites):
+        if site.window is not None and isinstance(keys, int) and keys > site.window:
+            raise ValueError(
+                f"window: layer {i} of the teacher slides a window of {site.window} keys; the {student} student's "
+                f"window of {keys} keys would see more than the teacher did: pass window={site.window} or less"
+            )
+
+
 def convert_hf(
     teacher: nn.Module,
     student: str = "primal",
@@ -215,15 +232,7 @@ def convert_hf(
     sites = [hf.read_site(teacher, blocks[i], i) for i in chosen]
     if not all(site.causal for site in sites):
         check_student(student, options, causal=False)  # the window students look back: causal layers only
-    if name == "hybrid":  # its window branch is the teacher's exact attention: no wider than the teacher's window
-        keys = options.get("window", inspect.signature(HybridAttention).parameters["window"].default)
-        for i, site in zip(chosen, sites):
-            if site.window is not None and isinstance(keys, int) and keys > site.window:
-                raise ValueError(
-                    f"window: layer {i} of the teacher slides a window of {site.window} keys; the {student} "
-                    f"student's window of {keys} keys would see more than the teacher did: pass window="
-                    f"{site.window} or less"
-                )
+    check_student_windows(student, chosen, sites, options)
     model = hf.convert(copy.deepcopy(teacher), name, chosen, **fixed, **options)
     report = initialise_and_transfer(
         teacher,
@@ -253,6 +262,10 @@ def _reader_io(
     else:
         io = hf_attention_io(teacher, inputs, mask, layers)
     key = _key_mask(mask)
+    hf = _hf()
+    _, blocks = hf.find_blocks(teacher)
+    if any(hf.read_site(teacher, blocks[i], i).window is not None for i in layers):
+        check_contiguous_padding(key, "the batch's attention_mask")  # the teacher's window counts padding
     return [(x, y, rope, key) for x, y, rope in io]
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "attention_from_projections",
     "call_is_causal",
     "check_causal_capability",
+    "check_contiguous_padding",
     "convert_transformer_decoder",
     "convert_transformer_encoder",
     "key_mask_from_attention_mask",
@@ -143,6 +144,24 @@ def _causal_pattern(q_len: int, kv_len: int, device: torch.device, window: int |
     return seen if window is None else seen & ~ones.tril(kv_len - q_len - window)
 
 
+def check_contiguous_padding(keys: Tensor | None, name: str = "attention_mask") -> None:
+    """For a sliding-window layer: each row of the key mask ``keys`` ``(B, Nk)`` (True = real) must hold its real
+    tokens in one run, padding only before or after them. Transformers counts a sliding window over positions,
+    padding included, where primaldual's windowed layers count real tokens; the two agree only then."""
+    if keys is None:
+        return
+    real = keys.to(torch.int32)
+    before, after = real.cumsum(1) > 0, real.flip(1).cumsum(1).flip(1) > 0  # (B, Nk): a real key at or before / after
+    inside = ~keys & before & after  # (B, Nk): padding between real tokens
+    if bool(inside.any()):
+        row = int(inside.any(1).nonzero()[0])
+        raise ValueError(
+            f"{name} has padding between real tokens (row {row}) for a sliding-window layer: transformers counts its "
+            "window over positions, padding included, and primaldual's windowed layers over real tokens, so the "
+            "two would differ; pad on the left or the right only"
+        )
+
+
 def key_mask_from_attention_mask(
     mask: Tensor | None,
     *,
@@ -219,6 +238,8 @@ def key_mask_from_attention_mask(
             "whether it is causal"
         )
     keys = keys.expand(batch, kv_len)
+    if window is not None:
+        check_contiguous_padding(keys, name)
     return None if bool(keys.all()) else keys
 
 

@@ -207,3 +207,12 @@ def test_convert_hf_primal_students_on_a_capped_sliding_teacher():
         model, report = convert_hf(teacher, "primal", "all", batches=_calibration() * 3, steps=2, s=4)
     assert all(row["rebuild_error"] < 1e-5 for row in report["init"].values())
     assert len(report["history"]) >= 1 and all(torch.isfinite(torch.tensor(r["loss"])) for r in report["history"])
+
+
+def test_convert_hf_refuses_a_calibration_batch_padded_inside_for_a_sliding_teacher():
+    teacher = _sliding("mistral")
+    ids, mask = _calibration()[0]
+    mask = mask.clone()
+    mask[0, 3] = 0
+    with pytest.raises(ValueError, match=r"the batch's attention_mask has padding between real tokens \(row 0\)"):
+        convert_hf(teacher, "hybrid", "all", batches=[(ids, mask)], window=W, sinks=0, s=4)

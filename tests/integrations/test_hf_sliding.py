@@ -185,3 +185,19 @@ def test_save_pretrained_from_pretrained_keeps_the_window(tmp_path):
     back = hf.from_pretrained(transformers.Gemma3ForCausalLM, tmp_path).eval()
     assert back.model.layers[0].self_attn.window == W
     torch.testing.assert_close(_logits(back, ids, mask), ref, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_padding_between_real_tokens_is_refused_for_a_sliding_layer(impl):
+    """Transformers' window counts padding positions, a converted one real tokens: they agree for left and right
+    padding (converted above), and padding inside a sequence is refused rather than computed differently."""
+    model = tiny("mistral", sliding_window=W)
+    model.set_attn_implementation(impl)
+    conv = hf.convert(copy.deepcopy(model), "sparse", "all", window=W - 1)
+    ids, _ = token_batch(pad_from=None, length=10)
+    mask = torch.ones_like(ids)
+    mask[0, -3:] = 0  # right padding: fine
+    torch.testing.assert_close(_logits(conv, ids, mask), _logits(model, ids, mask), rtol=0, atol=2e-5)
+    mask[1, 4:6] = 0  # two padded tokens inside the second sequence
+    with pytest.raises(ValueError, match=r"padding between real tokens \(row 1\) for a sliding-window layer"):
+        _logits(conv, ids, mask)

@@ -76,8 +76,9 @@ def convert(
             the logit scale, the attention dropout (where the mechanism has weights to drop) and the output
             dropout are the original's. A sliding-window layer (Mistral, Gemma 2 and 3, ...) keeps its window only
             under ``sparse`` with ``window=sliding_window - 1`` or a branchless, sinkless ``hybrid`` with
-            ``window=sliding_window``; a mechanism that sees further back is converted with a ``UserWarning``
-            naming the layers.
+            ``window=sliding_window`` (for left or right padding: a mask with padding between real tokens is refused
+            for such a layer); a mechanism that sees further back is converted with a ``UserWarning`` naming the
+            layers.
 
     Returns:
         ``model``.

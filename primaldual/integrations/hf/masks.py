@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..torch_nn import key_mask_from_attention_mask
+from ..torch_nn import check_contiguous_padding, key_mask_from_attention_mask
 from .compat import active_output_collector
 
 __all__ = ["attentions_requested", "key_mask_from_hf", "record_attentions"]
@@ -49,6 +49,7 @@ def key_mask_from_hf(
         window: the sliding window of the layer the model built the mask for (the keys a query sees, its own
             included), or None. A 4-D mask must then be exactly padding, causality and that window; it may cover
             every key or, as transformers cuts it for a sliding cache, the last ``min(Nk, window - 1 + Nq)``.
+            Padding between real tokens is refused (transformers' window counts it, a converted one does not).
 
     Returns:
         ``(B, Nk')`` bool, True = real key, or None when every key is real: ``Nk'`` is the mask's key axis (``Nk``,
@@ -69,6 +70,8 @@ def key_mask_from_hf(
         if attention_mask.is_floating_point() and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
             raise ValueError(f"a 2-D {name} must hold 0 (padding) and 1 (keep), got other values")
         keys = attention_mask != 0 if attention_mask.dtype != torch.bool else attention_mask
+        if window is not None:
+            check_contiguous_padding(keys, name)
         return None if bool(keys.all()) else keys
     if window is not None and attention_mask.shape[-1] == min(kv_len, window - 1 + q_len):
         kv_len = attention_mask.shape[-1]  # a sliding cache's cut: the keys the window can still reach

@@ -194,7 +194,9 @@ def _texts(data: HFData) -> tuple[str, str, str]:
 
 def _check_teacher(teacher: nn.Module, conv: Any, data: HFData, source_id: str) -> None:
     """What the conversion needs of the teacher, checked before anything is written: a causal LM the Hugging Face
-    integration reads, not converted already, its layers in range and positions enough for ``data.context``."""
+    integration reads, not converted already, its layers in range, a student window no wider than a sliding teacher
+    layer's, and positions enough for ``data.context``."""
+    from ...convert.hf import check_student_windows
     from ...convert.students import check_student
     from ...integrations.hf.architectures import find_blocks, read_site
     from ...integrations.hf.convert import CONVERSIONS_KEY
@@ -211,6 +213,7 @@ def _check_teacher(teacher: nn.Module, conv: Any, data: HFData, source_id: str) 
         chosen = resolve_layer_indices(conv.layers, len(blocks))
         sites = [read_site(teacher, blocks[i], i) for i in chosen]
         name, fixed = check_student(conv.student, conv.options)
+        check_student_windows(conv.student, chosen, sites, conv.options)
     except (IndexError, KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"TEACHER {source_id}: {e}") from None
     if not all(site.causal for site in sites):

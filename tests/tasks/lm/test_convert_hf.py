@@ -248,3 +248,25 @@ def test_other_saved_model_types_convert_end_to_end(teacher, tmp_path, capsys, n
     test = token_stream(tok, text[int(len(text) * 0.9) :])
     assert perplexity(model, test, 16, 3)["ppl"] == pytest.approx(summary["ppl"], rel=1e-5)
     capsys.readouterr()
+
+
+def test_a_sliding_window_teacher_converts_and_a_wider_student_window_is_refused_first(teacher, tmp_path, capsys):
+    """A saved Mistral whose layers slide a 4-key window: the primal student converts end to end (said to see past
+    the window); a hybrid student with its default 64-key window is refused before anything is written."""
+    from transformers import AutoTokenizer
+
+    src = tmp_path / "mistral"
+    tiny("mistral", sliding_window=4).save_pretrained(src)
+    AutoTokenizer.from_pretrained(teacher / "teacher").save_pretrained(src)
+    run = tmp_path / "run"
+    with pytest.warns(UserWarning, match=r"layers \[1\]: the model's sliding window \(4 keys\) is not kept"):
+        assert main(["convert", str(src), "-c", str(teacher / "conv.yaml"), "--run-dir", str(run)]) == 0
+    assert json.loads((run / "summary.json").read_text())["layers"] == [1]
+    capsys.readouterr()
+    refused = tmp_path / "refused"
+    argv = ["convert", str(src), "-c", str(teacher / "conv.yaml"), "--run-dir", str(refused), "--student", "hybrid",
+            "--options", "{}"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "window: layer 1 of the teacher slides a window of 4 keys" in err[0], err
+    assert not refused.exists()
