@@ -180,7 +180,8 @@ def key_mask_from_attention_mask(
             ``(B, H|1, Nq|1, Nk)``; None.
         batch, q_len, kv_len: ``B``, ``Nq``, ``Nk`` of the call (``Nq < Nk`` while decoding with a cache).
         causal: whether the layer that will receive the key mask is causal. A mask with a query axis must then
-            be exactly ``padding & causal`` (ends aligned), otherwise exactly ``padding``.
+            be exactly ``padding & causal`` (ends aligned), otherwise exactly ``padding``; the row of a padded query
+            may instead be empty (masks built as ``keep_i & keep_j``), since its output is zero either way.
         true_means: what True means in a bool mask: ``"attend"`` (SDPA, Hugging Face, timm) or ``"masked"``
             (``nn.MultiheadAttention``).
         window: a causal mask's sliding window, the keys each query sees counting its own (a Mistral or Gemma
@@ -225,8 +226,12 @@ def key_mask_from_attention_mask(
     has_queries = allowed.shape[2] > 1
     causal_padding = padding & _causal_pattern(q_len, kv_len, mask.device, window) if has_queries else padding
     expected = causal_padding if causal else padding  # (B|1, 1, Nq|1, Nk)
-    if not bool((allowed == expected).all()):
-        if not causal and has_queries and bool((allowed == causal_padding).all()):
+    rows_ok = (allowed == expected).all(-1)  # (B|1, H|1, Nq|1)
+    if has_queries and q_len <= kv_len:  # a padded query's row may also be empty: its output is zero either way
+        padded_query = ~keys[:, None, kv_len - q_len :]  # (B|1, 1, Nq)
+        rows_ok = rows_ok | (padded_query & ~allowed.any(-1))
+    if not bool(rows_ok.all()):
+        if not causal and has_queries and bool((allowed == causal_padding).all(-1).all()):
             raise ValueError(f"{name} is causal, but the primaldual layer receiving it was built non-causal")
         kind = "padding and causality" if causal else "padding"
         if window is not None:

@@ -112,7 +112,8 @@ def test_the_rebuilt_layers_are_the_modules_own():
     for model, layout, batch in ((gpt, NANO, _ids(0)), (enc, LUCID, torch.randn(4, 9, 5, dtype=torch.float64))):
         paths = find_modules(model, layout["modules"])
         io = modules_attention_io(model, batch, [0, 1], paths)
-        for path, (x, y) in zip(paths, io):
+        for path, (x, y, key) in zip(paths, io):
+            assert key is None
             opts = {k: v for k, v in layout.items() if k != "modules"}
             layer = layer_from_module(model.get_submodule(path), "softmax", **opts).eval()
             torch.testing.assert_close(layer(x), y)
@@ -128,7 +129,7 @@ def test_nanogpt_converts_with_the_teacher_initialisation_and_stage_1():
     assert isinstance(model.transformer.h[2].attn, ModuleAttention) and not model.training
     assert isinstance(teacher.transformer.h[2].attn, CausalSelfAttention)  # the teacher is left as it was
     held = modules_attention_io(teacher, _ids(99), [2], find_modules(teacher, NANO["modules"]))
-    held = [(x, y, None, None) for x, y in held]
+    held = [(x, y, None, key) for x, y, key in held]
     random, _ = convert_modules(teacher, "primal", -1, init="random", s=8, **NANO)
     students = [m.transformer.h[2].attn.attn for m in (model, random)]
     with torch.no_grad():
@@ -254,3 +255,85 @@ def test_a_key_without_a_bias_and_a_mask_given_as_none_convert():
     x = torch.randn(32, 9, 5, dtype=torch.float64)
     model, report = convert_modules(teacher, "primal", "all", batches=[x], s=6, data_dependent=False, **LUCID)
     assert all(report["init"][i]["rebuild_error"] < 1e-12 for i in (0, 1))
+
+
+class PaddedAttention(Attention):
+    """``Attention`` that masks padded keys, its mask in one of the three conventions of ``convert_modules``."""
+
+    def __init__(self, dim: int, heads: int, head_dim: int, kind: str) -> None:
+        super().__init__(dim, heads, head_dim)
+        self.kind = kind
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        B, N, _ = x.shape
+        q, k, v = (f(x).view(B, N, self.heads, -1).transpose(1, 2) for f in (self.to_q, self.to_k, self.to_v))
+        s = q @ k.transpose(-1, -2) * self.scale  # (B, H, N, N)
+        if mask is not None:
+            allowed = {"keep": lambda m: m[:, None, None, :], "pad": lambda m: ~m[:, None, None, :],
+                       "attend": lambda m: m}[self.kind](mask)  # fmt: skip
+            s = s.masked_fill(~allowed, -1e9)  # (a padded query's empty row then averages: no NaN)
+        return self.to_out((s.softmax(-1) @ v).transpose(1, 2).reshape(B, N, -1))  # (B, N, C)
+
+
+class PaddedEncoder(Encoder):
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        for layer in self.layers:
+            layer.attn = PaddedAttention(24, 4, 8, kind)
+        self.kind = kind
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        mask = {"keep": keep, "pad": ~keep, "attend": keep[:, None, None, :] & keep[:, None, :, None]}[self.kind]
+        h = self.embed(x)
+        for layer in self.layers:
+            h = h + layer.attn(layer.ln_1(h), mask)  # the mask passed by position
+            h = h + layer.mlp(layer.ln_2(h))
+        return (h * keep[..., None]).sum(1) / keep.sum(1, keepdim=True)
+
+
+def _padded_batch(seed: int, B: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    keep = torch.ones(B, 9, dtype=torch.bool)
+    keep[::2, 6:] = False  # right padding in every other sequence
+    return torch.randn(B, 9, 5, generator=g, dtype=torch.float64), keep
+
+
+@pytest.mark.parametrize("kind", ["keep", "pad", "attend"])
+def test_modules_called_with_a_padding_mask_convert(kind):
+    """A mask read in each convention: the teacher check passes (the rebuilt layer masks the same keys), stage 1
+    runs, and the converted model's outputs at real tokens do not depend on what the padding holds."""
+    torch.manual_seed(0)
+    teacher = PaddedEncoder(kind).double().eval()
+    assert hasattr(teacher.layers[0], "ln_1") and hasattr(teacher.layers[0], "mlp")
+    batches = [_padded_batch(0)] + [_padded_batch(1 + i, B=8) for i in range(2)]
+    opts = {**LUCID, "mask": "mask", "mask_kind": kind, "data_dependent": False}
+    model, report = convert_modules(teacher, "primal", "all", batches=batches, steps=2, s=6, **opts)
+    assert all(report["init"][i]["rebuild_error"] < 1e-12 for i in (0, 1))
+    x, keep = _padded_batch(9, B=4)
+    noisy = x.clone()
+    noisy[~keep] = 100.0
+    with torch.no_grad():
+        torch.testing.assert_close(model(noisy, keep), model(x, keep))
+    assert "mask='mask'" in repr(model.layers[0].attn)
+
+
+def test_mask_arguments_are_checked():
+    teacher = PaddedEncoder("keep").double()
+    batch = [_padded_batch(0)]
+    LUCID = {**globals()["LUCID"], "data_dependent": False}  # noqa: N806
+    with pytest.raises(ValueError, match=r"was called with argument 2 beside its tokens.*a mask is named with mask="):
+        convert_modules(teacher, "primal", "all", batches=batch, s=6, **LUCID)
+    with pytest.raises(ValueError, match=r"mask: PaddedAttention.forward has no parameter 'attn_mask' \(it takes"):
+        convert_modules(teacher, "primal", "all", batches=batch, s=6, mask="attn_mask", **LUCID)
+    with pytest.raises(ValueError, match="mask_kind must be one of 'keep', 'pad', 'attend', got 'keys'"):
+        convert_modules(teacher, "primal", "all", init="random", s=6, mask="mask", mask_kind="keys", **LUCID)
+    with pytest.raises(ValueError, match="mask_kind: read only with mask"):
+        convert_modules(teacher, "primal", "all", init="random", s=6, mask_kind="pad", **LUCID)
+    model, _ = convert_modules(teacher, "primal", "all", init="random", s=6, mask="mask", **LUCID)
+    attn = model.layers[0].attn
+    x, keep = torch.randn(2, 9, 24, dtype=torch.float64), _padded_batch(0, B=2)[1]
+    torch.testing.assert_close(attn(x, keep), attn(x, mask=keep))
+    with pytest.raises(ValueError, match=r"mask \(mask_kind='keep'\) must be a tensor of shape \(B, N\) = \(2, 9\)"):
+        attn(x, keep[:, :5])
+    with pytest.raises(TypeError, match="takes the tokens and 'mask'"):
+        attn(x, keep, torch.ones(1))

@@ -133,3 +133,20 @@ def test_stand_in_errors_name_the_problem():
     torch.testing.assert_close(y, attn(x, x, x)[0])
     with pytest.raises(ValueError, match="None or causal"):
         attn(x, x, x, attn_mask=torch.ones(10, 10, dtype=torch.bool).triu(3))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_pairwise_mask_that_also_empties_padded_queries_is_padding(causal):
+    """``keep_i & keep_j`` (hand-written code's pairwise mask) says padding only: a padded query's empty row is
+    accepted, a real query's is not."""
+    keep = torch.ones(2, 6, dtype=torch.bool)
+    keep[1, 4:] = False
+    pair = keep[:, None, :, None] & keep[:, None, None, :]  # (B, 1, N, N)
+    if causal:
+        pair = pair & torch.ones(6, 6, dtype=torch.bool).tril()
+    got = key_mask_from_attention_mask(pair, batch=2, q_len=6, kv_len=6, causal=causal)
+    assert torch.equal(got, keep)
+    pair = pair.clone()
+    pair[0, 0, 2] = False  # a real query with no key
+    with pytest.raises(ValueError, match="structure other than padding"):
+        key_mask_from_attention_mask(pair, batch=2, q_len=6, kv_len=6, causal=causal)
