@@ -12,7 +12,7 @@ modules do in transformers 5.
 
 * **Masks**: the model's mask, in whatever form its attention implementation produces, is converted by
   :func:`~primaldual.integrations.hf.masks.key_mask_from_hf` (True = real token) and checked to hold nothing but
-  padding and causality.
+  padding and causality (and, for a sliding-window layer, its window: Mistral, Gemma 2 and 3, ...).
 * **Cache** (causal layers): see :mod:`primaldual.integrations.hf.cache`. A layer with an incremental path
   (primal, linear, hybrid, sparse, softmax) decodes with its ``step`` from the state in its cache entry; the SVR
   family recomputes over the cached layer inputs.
