@@ -89,6 +89,8 @@ class MaskArgument:
         bound = dict(zip(self.positional, args))
         extra = [f"argument {i + 2}" for i, a in enumerate(args[len(self.positional) :]) if a is not None]
         for key, value in kwargs.items():
+            if key in bound:
+                raise TypeError(f"attention module got multiple values for argument {key!r}")
             bound[key] = value
         mask = bound.pop(self.name, None) if self.name is not None else None
         given = extra + [f"{k}=..." for k, v in bound.items() if v is not None]

@@ -335,5 +335,7 @@ def test_mask_arguments_are_checked():
     torch.testing.assert_close(attn(x, keep), attn(x, mask=keep))
     with pytest.raises(ValueError, match=r"mask \(mask_kind='keep'\) must be a tensor of shape \(B, N\) = \(2, 9\)"):
         attn(x, keep[:, :5])
+    with pytest.raises(TypeError, match="got multiple values for argument 'mask'"):
+        attn(x, keep, mask=keep)
     with pytest.raises(TypeError, match="takes the tokens and 'mask'"):
         attn(x, keep, torch.ones(1))
