@@ -192,8 +192,9 @@ def _blocked(
     dev = q.device
     kmask = key_mask if key_mask is not None else torch.ones(B, N, dtype=torch.bool, device=dev)
 
-    # ---- local: query block m against key blocks m-1, m, m+1 (block size b >= window covers the band)
-    b = max(window, 1)
+    # ---- local: query block m against key blocks m-1, m, m+1 (a block size b >= window covers the band; b = N
+    # covers every key, so a window wider than the sequence, such as a Mistral layer's 4,096, costs no more than N)
+    b = max(min(window, N), 1)
     M = math.ceil(N / b)
     P = M * b - N
     qp = F.pad(q, (0, 0, 0, P)).reshape(B, H, M, b, D)  # (B, H, M, b, D)

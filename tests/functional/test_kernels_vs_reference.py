@@ -130,6 +130,16 @@ def test_sparse_matches_reference(causal, pattern):
 
 
 @pytest.mark.parametrize("causal", [False, True])
+def test_a_window_wider_than_the_sequence_costs_the_sequence(causal):
+    """A Mistral layer's 4,096-key window on a short batch: blocks of the sequence's length, not the window's (a
+    block of 10**6 would need terabytes)."""
+    q, k, v, km = _inputs()
+    for w, s, g in ((4095, 0, 0), (10**6, 3, 2)):
+        out = sparse_attention(q, k, v, window=w, stride=s, num_global=g, key_mask=km, causal=causal)[0]
+        assert rel_err(out, sparse_attention_ref(q, k, v, w, s, g, key_mask=km, causal=causal)) < 1e-6
+
+
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("pattern", [(3, 0, 0), (2, 5, 2)])
 def test_softcapped_sparse_matches_reference(causal, pattern):
     """Gemma 2's sliding layers: the cap on the pattern's logits, on every path (blocked, weights, padded)."""
