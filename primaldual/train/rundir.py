@@ -102,11 +102,14 @@ def _has_progress(run_dir: Path) -> bool:
 
 
 def _foreign(run_dir: Path) -> list[str]:
-    """The entries of ``run_dir`` that primaldual does not write (sorted names)."""
+    """The entries of ``run_dir`` that primaldual does not write (sorted names). A temporary file of an atomic write
+    counts as primaldual's even when it is gone by the time it is looked at: a live run renames it into place."""
     return sorted(
         p.name
         for p in run_dir.iterdir()
-        if p.name not in OWN and not p.name.startswith(LOCK_NAME) and not (_own_temporary(p.name) and p.is_file())
+        if p.name not in OWN
+        and not p.name.startswith(LOCK_NAME)
+        and not (_own_temporary(p.name) and not p.is_dir() and not p.is_symlink())
     )
 
 

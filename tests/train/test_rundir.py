@@ -266,3 +266,21 @@ def test_a_run_dir_under_a_file_is_named_as_the_flag(tmp_path):
     with pytest.raises(ConfigError, match=r"--run-dir: .*notes.txt/run cannot be made: .*notes.txt is a file"):
         check_run_dir(tmp_path / "notes.txt" / "run")
     assert check_run_dir(tmp_path / "new" / "deeper") == tmp_path / "new" / "deeper"  # made when the run starts
+
+
+def test_a_temporary_file_renamed_away_while_the_directory_is_read_is_not_foreign(tmp_path, monkeypatch):
+    """A live run renames its atomic writes into place: a temporary file listed, then gone before it is looked at,
+    is still primaldual's (a second ``fit`` must be refused for the lock, not for a foreign file); a folder by that
+    name is not."""
+    from pathlib import Path
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / MARK).write_text("")
+    listed = [run_dir / MARK, run_dir / ".history.csv.v6enla_p.tmp"]  # the second: already renamed away
+    monkeypatch.setattr(Path, "iterdir", lambda self: iter(listed) if self == run_dir else iter(()))
+    assert check_run_dir(run_dir) == run_dir
+    monkeypatch.undo()
+    (run_dir / ".history.csv.v6enla_p.tmp").mkdir()
+    with pytest.raises(Exception, match=r"is not a primaldual run directory \(it holds .history.csv.v6enla_p.tmp\)"):
+        check_run_dir(run_dir)
