@@ -86,16 +86,20 @@ def hf_attention_io(
     at each of ``layers``, from one forward in eval mode.
 
     ``ids`` ``(B, N)`` with ``mask`` (the ``attention_mask``, 1 = keep, or None), or a mapping of the model's inputs
-    (``{"pixel_values": images}``; its ``attention_mask``, if any, masks the keys) with ``mask`` None."""
+    (``{"pixel_values": images}``; its ``attention_mask``, if any, masks the keys) with ``mask`` None. Padding
+    between real tokens is refused where a layer slides a window (the teacher's window counts padding positions)."""
     hf = _hf()
     kw = _model_inputs(teacher, ids, mask)
     mask = kw.get("attention_mask")
+    key = _key_mask(mask)
     _, blocks = hf.find_blocks(teacher)
     seen: dict[int, tuple[Tensor, Tensor, Any]] = {}
     projected: dict[int, Tensor] = {}  # a post-norm module's attention output, before its residual and norm
+    sites = {i: hf.read_site(teacher, blocks[i], i) for i in layers}
+    if any(site.window is not None for site in sites.values()):
+        check_contiguous_padding(key, "the batch's attention_mask")
     hooks = []
-    for i in layers:
-        site = hf.read_site(teacher, blocks[i], i)
+    for i, site in sites.items():
 
         def hook(mod: nn.Module, args: tuple, kwargs: dict, out: Any, i: int = i, rotates: bool = site.rope) -> None:
             x = args[0] if args else kwargs["hidden_states"]
@@ -123,7 +127,6 @@ def hf_attention_io(
     finally:
         for h in hooks:
             h.remove()
-    key = _key_mask(mask)
     out = []
     for i in layers:
         x, y, rope = seen[i]
@@ -262,10 +265,6 @@ def _reader_io(
     else:
         io = hf_attention_io(teacher, inputs, mask, layers)
     key = _key_mask(mask)
-    hf = _hf()
-    _, blocks = hf.find_blocks(teacher)
-    if any(hf.read_site(teacher, blocks[i], i).window is not None for i in layers):
-        check_contiguous_padding(key, "the batch's attention_mask")  # the teacher's window counts padding
     return [(x, y, rope, key) for x, y, rope in io]
 
 

@@ -11,23 +11,10 @@ import warnings
 import pytest
 import torch
 
-from .tiny_models import QK_NORMED, ROTARY, tiny, token_batch
+from .tiny_models import QK_NORMED, ROTARY, greedy, left_padded, real_logits, tiny, token_batch
 
 pytest.importorskip("transformers")
 hf = pytest.importorskip("primaldual.integrations.hf")
-
-
-def _left_padded() -> tuple[torch.Tensor, torch.Tensor]:
-    ids, _ = token_batch(pad_from=None, length=8)
-    mask = torch.ones_like(ids)
-    mask[1, :3] = 0
-    ids[1, :3] = 1
-    return ids, mask
-
-
-def _logits(model, ids, mask) -> torch.Tensor:
-    with torch.no_grad():
-        return model(ids, attention_mask=mask).logits[mask.bool()]
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
@@ -37,29 +24,19 @@ def test_softmax_path_reproduces_the_original(impl, mech, opts):
     the grouped K / V heads are repeated in transformers' order and RoPE reaches q and k."""
     model = tiny("llama")
     model.set_attn_implementation(impl)
-    ids, mask = _left_padded()
-    ref = _logits(model, ids, mask)
+    ids, mask = left_padded()
+    ref = real_logits(model, ids, mask)
     conv = hf.convert(copy.deepcopy(model), mech, "all", **opts)
     assert len(hf.converted_layers(conv)) == 2
-    torch.testing.assert_close(_logits(conv, ids, mask), ref, rtol=0, atol=1e-5)
+    torch.testing.assert_close(real_logits(conv, ids, mask), ref, rtol=0, atol=1e-5)
 
 
 def test_softmax_conversion_generates_like_the_original_with_the_cache():
     model = tiny("llama")
     conv = hf.convert(copy.deepcopy(model), "softmax", "all")
-    ids, mask = _left_padded()
+    ids, mask = left_padded()
     kw = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=1)
     assert torch.equal(conv.generate(ids, **kw), model.generate(ids, **kw))
-
-
-def _greedy(model, ids, mask, steps):
-    seq = ids
-    with torch.no_grad():
-        for _ in range(steps):
-            pos = (mask.cumsum(-1) - 1).clamp_min(0)
-            nxt = model(seq, attention_mask=mask, position_ids=pos, use_cache=False).logits[:, -1].argmax(-1, True)
-            seq, mask = torch.cat([seq, nxt], 1), torch.cat([mask, torch.ones_like(nxt)], 1)
-    return seq
 
 
 @pytest.mark.parametrize(
@@ -75,9 +52,9 @@ def test_primal_and_hybrid_generate_equals_greedy_full_forwards(mech, layers, op
             conv = hf.convert(copy.deepcopy(model), mech, layers, **opts)
     else:
         conv = hf.convert(copy.deepcopy(model), mech, layers, **opts)
-    ids, mask = _left_padded()
+    ids, mask = left_padded()
     got = conv.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=1)
-    assert torch.equal(got, _greedy(conv, ids, mask, 5))
+    assert torch.equal(got, greedy(conv, ids, mask, 5))
 
 
 def test_hybrid_uses_the_rotary_tables():
@@ -110,21 +87,21 @@ def test_save_pretrained_from_pretrained_round_trip(tmp_path):
     model = tiny("llama")
     with pytest.warns(UserWarning, match="takes no rotary position embeddings"):
         conv = hf.convert(model, "primal", (-1,), s=4)
-    ids, mask = _left_padded()
-    ref = _logits(conv, ids, mask)
+    ids, mask = left_padded()
+    ref = real_logits(conv, ids, mask)
     conv.save_pretrained(tmp_path)
     import transformers
 
     with pytest.warns(UserWarning, match="takes no rotary position embeddings"):
         back = hf.from_pretrained(transformers.LlamaForCausalLM, tmp_path).eval()
-    torch.testing.assert_close(_logits(back, ids, mask), ref, rtol=0, atol=0)
+    torch.testing.assert_close(real_logits(back, ids, mask), ref, rtol=0, atol=0)
 
 
 def test_hybrid_decodes_from_a_bounded_state_in_the_cache():
     """The converted hybrid keeps its own state (window cache + primal sums) in the model's cache: it does not grow
     with the generated length."""
     model = hf.convert(tiny("llama"), "hybrid", "all", window=4, sinks=1, s=4, gate_init=0.5)
-    ids, mask = _left_padded()
+    ids, mask = left_padded()
     out = model.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=1,
                          return_dict_in_generate=True)  # fmt: skip
     entry = out.past_key_values.layers[0]
@@ -139,7 +116,7 @@ def test_recomputing_mechanisms_still_decode_exactly():
     ids, _ = token_batch(pad_from=None, length=5)
     mask = torch.ones_like(ids)
     assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False),
-                       _greedy(model, ids, mask, 4))  # fmt: skip
+                       greedy(model, ids, mask, 4))  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(ROTARY))
@@ -149,9 +126,9 @@ def test_every_llama_layout_type_converts_faithfully(name):
     softmax decoding with the cache; a primal last layer decodes with its state."""
     overrides = {"attention_multiplier": 0.7} if name == "granite" else {}  # not 1 / sqrt(head_dim)
     model = tiny(name, **overrides)
-    ids, mask = _left_padded()
+    ids, mask = left_padded()
     conv = hf.convert(copy.deepcopy(model), "softmax", "all")
-    torch.testing.assert_close(_logits(conv, ids, mask), _logits(model, ids, mask), rtol=0, atol=1e-5)
+    torch.testing.assert_close(real_logits(conv, ids, mask), real_logits(model, ids, mask), rtol=0, atol=1e-5)
     if name in QK_NORMED:
         kw = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=1)
         assert torch.equal(conv.generate(ids, **kw), model.generate(ids, **kw))
@@ -162,7 +139,7 @@ def test_every_llama_layout_type_converts_faithfully(name):
     assert any("takes no rotary position embeddings" in m for m in said)
     assert any("takes no query / key norms" in m for m in said) == (name in QK_NORMED)
     got = conv.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=1)
-    assert torch.equal(got, _greedy(conv, ids, mask, 3))
+    assert torch.equal(got, greedy(conv, ids, mask, 3))
 
 
 def test_nope_layers_take_no_rotary_tables():
@@ -209,8 +186,8 @@ def test_save_pretrained_from_pretrained_round_trip_with_query_key_norms(tmp_pat
     import transformers
 
     back = hf.from_pretrained(transformers.Gemma3ForCausalLM, tmp_path)
-    ids, mask = _left_padded()
-    torch.testing.assert_close(_logits(back, ids, mask), _logits(model, ids, mask), rtol=0, atol=0)
+    ids, mask = left_padded()
+    torch.testing.assert_close(real_logits(back, ids, mask), real_logits(model, ids, mask), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("name", ["qwen3", "olmo2", "gemma3_text"])
@@ -281,8 +258,8 @@ def test_the_users_scale_replaces_the_models():
     model = tiny("llama")
     conv = hf.convert(copy.deepcopy(model), "softmax", "all", scale=0.05)
     assert conv.model.layers[0].self_attn.attn.scale == 0.05
-    ids, mask = _left_padded()
-    assert (_logits(conv, ids, mask) - _logits(model, ids, mask)).abs().max() > 1e-4
+    ids, mask = left_padded()
+    assert (real_logits(conv, ids, mask) - real_logits(model, ids, mask)).abs().max() > 1e-4
 
 
 @pytest.mark.parametrize("name,overrides", [("gpt_neox", {}), ("gpt_neox", {"attention_bias": False}),
@@ -293,28 +270,28 @@ def test_partial_rotary_converts_faithfully(name, overrides):
     Phi-4-mini's partial rotary: softmax gives the original's logits and greedy generation with the cache; a primal
     last layer decodes with its state."""
     model = tiny(name, **overrides)
-    ids, mask = _left_padded()
+    ids, mask = left_padded()
     conv = hf.convert(copy.deepcopy(model), "softmax", "all")
-    torch.testing.assert_close(_logits(conv, ids, mask), _logits(model, ids, mask), rtol=0, atol=1e-5)
+    torch.testing.assert_close(real_logits(conv, ids, mask), real_logits(model, ids, mask), rtol=0, atol=1e-5)
     kw = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=1)
     assert torch.equal(conv.generate(ids, **kw), model.generate(ids, **kw))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # primal takes no rotary tables (tested above)
         conv = hf.convert(copy.deepcopy(model), "primal", (-1,), s=4)
-    assert torch.equal(conv.generate(ids, **kw), _greedy(conv, ids, mask, 4))
+    assert torch.equal(conv.generate(ids, **kw), greedy(conv, ids, mask, 4))
 
 
 def test_opt_converts_faithfully():
     """OPT (learned positions, biases everywhere, q scaled before the product): softmax in every layer gives its
     logits and its generation; a primal last layer decodes with its state."""
     model = tiny("opt")
-    ids, mask = _left_padded()
+    ids, mask = left_padded()
     conv = hf.convert(copy.deepcopy(model), "softmax", "all")
-    torch.testing.assert_close(_logits(conv, ids, mask), _logits(model, ids, mask), rtol=0, atol=1e-5)
+    torch.testing.assert_close(real_logits(conv, ids, mask), real_logits(model, ids, mask), rtol=0, atol=1e-5)
     kw = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=1)
     assert torch.equal(conv.generate(ids, **kw), model.generate(ids, **kw))
     conv = hf.convert(copy.deepcopy(model), "primal", (-1,), s=4)
-    assert torch.equal(conv.generate(ids, **kw), _greedy(conv, ids, mask, 5))
+    assert torch.equal(conv.generate(ids, **kw), greedy(conv, ids, mask, 5))
 
 
 def test_a_refusal_names_the_layers_that_do_convert():

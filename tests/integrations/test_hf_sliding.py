@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 
-from .tiny_models import tiny, token_batch
+from .tiny_models import greedy, left_padded, real_logits, tiny, token_batch
 
 pytest.importorskip("transformers")
 hf = pytest.importorskip("primaldual.integrations.hf")
@@ -26,29 +26,6 @@ SLIDING = {
     "gemma3_text": ({"layer_types": ["sliding_attention", "full_attention"], "sliding_window": W}, [0]),
     "olmo3": ({"layer_types": ["sliding_attention", "full_attention"], "sliding_window": W}, [0]),
 }
-
-
-def _left_padded(length: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
-    ids, _ = token_batch(pad_from=None, length=length)
-    mask = torch.ones_like(ids)
-    mask[1, :3] = 0
-    ids[1, :3] = 1
-    return ids, mask
-
-
-def _logits(model, ids, mask) -> torch.Tensor:
-    with torch.no_grad():
-        return model(ids, attention_mask=mask).logits[mask.bool()]
-
-
-def _greedy(model, ids, mask, steps):
-    seq = ids
-    with torch.no_grad():
-        for _ in range(steps):
-            pos = (mask.cumsum(-1) - 1).clamp_min(0)
-            nxt = model(seq, attention_mask=mask, position_ids=pos, use_cache=False).logits[:, -1].argmax(-1, True)
-            seq, mask = torch.cat([seq, nxt], 1), torch.cat([mask, torch.ones_like(nxt)], 1)
-    return seq
 
 
 def _generate(model, ids, mask, steps=8):
@@ -76,8 +53,8 @@ def test_a_window_kept_exactly_gives_the_original(name, impl):
     if name == "gemma2" and impl == "sdpa":
         pytest.skip("transformers runs Gemma 2 in eager attention only")
     model.set_attn_implementation(impl)
-    ids, mask = _left_padded()
-    ref = _logits(model, ids, mask)
+    ids, mask = left_padded(10)
+    ref = real_logits(model, ids, mask)
     conv = copy.deepcopy(model)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -85,7 +62,7 @@ def test_a_window_kept_exactly_gives_the_original(name, impl):
     full = [i for i in range(2) if i not in sliding]
     if full:
         hf.convert(conv, "softmax", full)
-    torch.testing.assert_close(_logits(conv, ids, mask), ref, rtol=0, atol=2e-5)
+    torch.testing.assert_close(real_logits(conv, ids, mask), ref, rtol=0, atol=2e-5)
 
 
 def test_a_window_not_kept_is_said():
@@ -144,7 +121,7 @@ def test_generation_with_some_sliding_layers_converted_equals_the_original(layer
     model = tiny("gemma3_text", num_hidden_layers=3, layer_types=["sliding_attention"] * 2 + ["full_attention"],
                  sliding_window=W)  # fmt: skip
     conv = hf.convert(copy.deepcopy(model), "hybrid", layers, window=W, sinks=0, primal_branch=False)
-    ids, mask = _left_padded(6)
+    ids, mask = left_padded(6)
     got = conv.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=1,
                         return_dict_in_generate=True)  # fmt: skip
     assert torch.equal(got.sequences, _generate(model, ids, mask))
@@ -166,10 +143,10 @@ def test_converted_sliding_layers_generate_like_greedy_full_forwards(mech, opts)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # what the mechanism does without (RoPE, the window) is said; tested above
         conv = hf.convert(copy.deepcopy(model), mech, (0,), **opts)
-    ids, mask = _left_padded(6)
+    ids, mask = left_padded(6)
     out = conv.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=1,
                         return_dict_in_generate=True)  # fmt: skip
-    assert torch.equal(out.sequences, _greedy(conv, ids, mask, 8))
+    assert torch.equal(out.sequences, greedy(conv, ids, mask, 8))
     entry = out.past_key_values.layers[0]
     kind = hf.SlidingInputsCacheLayer if mech == "softmax_bn" else hf.SlidingStateCacheLayer
     assert isinstance(entry, kind) and entry.get_seq_length() == 6 + 8 - 1
@@ -179,12 +156,12 @@ def test_save_pretrained_from_pretrained_keeps_the_window(tmp_path):
     import transformers
 
     model = hf.convert(tiny("gemma3_text", **SLIDING["gemma3_text"][0]), "sparse", (0,), window=W - 1)
-    ids, mask = _left_padded()
-    ref = _logits(model, ids, mask)
+    ids, mask = left_padded(10)
+    ref = real_logits(model, ids, mask)
     model.save_pretrained(tmp_path)
     back = hf.from_pretrained(transformers.Gemma3ForCausalLM, tmp_path).eval()
     assert back.model.layers[0].self_attn.window == W
-    torch.testing.assert_close(_logits(back, ids, mask), ref, rtol=0, atol=0)
+    torch.testing.assert_close(real_logits(back, ids, mask), ref, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
@@ -197,7 +174,7 @@ def test_padding_between_real_tokens_is_refused_for_a_sliding_layer(impl):
     ids, _ = token_batch(pad_from=None, length=10)
     mask = torch.ones_like(ids)
     mask[0, -3:] = 0  # right padding: fine
-    torch.testing.assert_close(_logits(conv, ids, mask), _logits(model, ids, mask), rtol=0, atol=2e-5)
+    torch.testing.assert_close(real_logits(conv, ids, mask), real_logits(model, ids, mask), rtol=0, atol=2e-5)
     mask[1, 4:6] = 0  # two padded tokens inside the second sequence
     with pytest.raises(ValueError, match=r"padding between real tokens \(row 1\) for a sliding-window layer"):
-        _logits(conv, ids, mask)
+        real_logits(conv, ids, mask)

@@ -159,3 +159,29 @@ def dt_inputs(batch: int = 2, steps: int = 5, pad_from: int | None = 3) -> dict:
         "timesteps": torch.arange(steps)[None].repeat(batch, 1),
         "attention_mask": mask,
     }
+
+
+def left_padded(length: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)`` of two sequences of ``length``, the second left-padded by 3 (id 1)."""
+    ids, _ = token_batch(pad_from=None, length=length)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    ids[1, :3] = 1
+    return ids, mask
+
+
+def real_logits(model, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A causal LM's logits at the real tokens of ``mask``, without gradients."""
+    with torch.no_grad():
+        return model(ids, attention_mask=mask).logits[mask.bool()]
+
+
+def greedy(model, ids: torch.Tensor, mask: torch.Tensor, steps: int) -> torch.Tensor:
+    """Greedy decoding by full forwards without a cache (the reference cached ``generate`` must equal)."""
+    seq = ids
+    with torch.no_grad():
+        for _ in range(steps):
+            pos = (mask.cumsum(-1) - 1).clamp_min(0)
+            nxt = model(seq, attention_mask=mask, position_ids=pos, use_cache=False).logits[:, -1].argmax(-1, True)
+            seq, mask = torch.cat([seq, nxt], 1), torch.cat([mask, torch.ones_like(nxt)], 1)
+    return seq
